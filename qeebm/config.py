@@ -1,0 +1,318 @@
+"""The one typed configuration of a qeebm run.
+
+Every default is visible in the dataclasses below; an experiment YAML holds only its differences,
+and command-line overrides are dotted ``key=value`` pairs (``optim.lr=1e-4``). An unknown key or a
+value of the wrong type is an error naming the key and the closest valid one, raised before any
+model is loaded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+
+from qeebm.errors import QeebmError
+
+TINYWORLD_DIR = "data/tinyworld"
+
+
+@dataclass
+class LoraConfig:
+    """Optional LoRA adapters on the translator (peft)."""
+
+    enabled: bool = False
+    r: int = 16
+    alpha: int = 32
+    dropout: float = 0.0
+    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "v_proj"])
+
+
+@dataclass
+class ModelConfig:
+    """The translator: an NLLB-200 (M2M100) or mBART-50 checkpoint, a hub id or a local directory."""
+
+    name_or_path: str = f"{TINYWORLD_DIR}/nllb-base"
+    # NLLB codes everywhere (eng_Latn, khk_Cyrl); mapped to mBART-50 codes for mBART models.
+    src_lang: str = "eng_Latn"
+    tgt_lang: str = "khk_Cyrl"
+    # None keeps the checkpoint's dropout; 0.0 makes training steps deterministic (parity checks).
+    dropout: Optional[float] = None
+    lora: LoraConfig = field(default_factory=LoraConfig)
+
+
+@dataclass
+class CorpusConfig:
+    """One corpus. ``format``: tsv / jsonl (columns by name), text (``path`` = source file,
+    ``tgt_path`` = target file), hf (``path`` = dataset name or a local ``save_to_disk`` directory)
+    or auto (by file extension). An empty ``path`` means the corpus is not used."""
+
+    path: str = ""
+    format: str = "auto"
+    tgt_path: str = ""
+    src_column: str = "src"
+    tgt_column: str = "tgt"
+    hf_config: str = ""
+    split: str = "train"
+    # Read at most this many examples (0 = all); how many were left is logged.
+    max_examples: int = 0
+
+
+@dataclass
+class DataConfig:
+    """Labelled pairs (train/dev/test) and the source-only pool (mono)."""
+
+    train: CorpusConfig = field(default_factory=lambda: CorpusConfig(path=f"{TINYWORLD_DIR}/data/train.tsv"))
+    dev: CorpusConfig = field(default_factory=lambda: CorpusConfig(path=f"{TINYWORLD_DIR}/data/dev.tsv"))
+    test: CorpusConfig = field(default_factory=lambda: CorpusConfig(path=f"{TINYWORLD_DIR}/data/test.tsv"))
+    mono: CorpusConfig = field(default_factory=lambda: CorpusConfig(path=f"{TINYWORLD_DIR}/data/mono.txt"))
+    # Drop training pairs whose source or target has more than this many translator tokens (0 = keep all).
+    max_tokens: int = 50
+    dedup: bool = True
+    # "fail": a bad line is a one-line error (exit 2); "skip": bad lines are counted, logged and dropped.
+    on_error: str = "fail"
+
+
+@dataclass
+class OptimConfig:
+    """Optimiser and schedule. ``batch_size`` is global: examples per optimiser step over all
+    processes and accumulation micro-steps (must divide exactly)."""
+
+    lr: float = 3e-4
+    betas: tuple[float, float] = (0.9, 0.98)
+    eps: float = 1e-6
+    weight_decay: float = 1e-5
+    scheduler: str = "linear"  # linear | cosine | constant
+    warmup_steps: int = 100
+    max_steps: int = 1000
+    batch_size: int = 16
+    grad_accum: int = 1
+    max_grad_norm: float = 0.5  # 0 disables clipping
+    mixed_precision: str = "no"  # no | fp16 | bf16
+    label_smoothing: float = 0.1
+
+
+@dataclass
+class GenerationConfig:
+    """Decoding for validation, evaluation and ``qeebm translate``."""
+
+    num_beams: int = 5
+    max_new_tokens: int = 50
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    batch_size: int = 32
+
+
+@dataclass
+class EvalConfig:
+    """Periodic validation, best-checkpoint selection and early stopping."""
+
+    every: int = 100  # steps; 0 disables periodic validation
+    max_examples: int = 0  # 0 = whole dev set
+    metric: str = "chrf"  # bleu | chrf | loss (any key in the validation metrics)
+    mode: str = "max"  # max | min
+    patience: int = 0  # validations without improvement before stopping; 0 = never stop early
+
+
+@dataclass
+class LoggingConfig:
+    every: int = 10
+    tensorboard: bool = True
+    progress_bar: bool = True
+
+
+@dataclass
+class OutputConfig:
+    run_dir: str = "runs/sft"
+    save_every: int = 200  # steps; a checkpoint is also written at the end of training
+    keep_last: int = 2  # periodic checkpoints kept (the best one is kept separately)
+    # Continue from the newest checkpoint in run_dir when there is one.
+    resume: bool = True
+
+
+@dataclass
+class Config:
+    method: str = "sft"
+    seed: int = 42
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+
+
+# ----------------------------------------------------------------------------------------------
+# Loading, overriding, checking
+
+
+def _closest(key: str, options: list[str], prefix: str = "") -> str:
+    match = difflib.get_close_matches(key, options, n=1, cutoff=0.5)
+    return f" (did you mean '{prefix}{match[0]}'?)" if match else f" (valid keys: {', '.join(options)})"
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Check ``value`` against the annotation ``tp``; allow the harmless widenings YAML needs
+    (int -> float, list -> tuple). Anything else is an error naming ``key``."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, key)
+            except QeebmError as err:
+                errors.append(err)
+        raise errors[0]
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise QeebmError(f"config key '{key}' must be a mapping, got {value!r}")
+        return _build(tp, value, prefix=f"{key}.")
+    if origin is list:
+        if not isinstance(value, (list, tuple)):
+            raise QeebmError(f"config key '{key}' must be a list, got {value!r}")
+        (item,) = typing.get_args(tp)
+        return [_coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin is tuple:
+        args = typing.get_args(tp)
+        if not isinstance(value, (list, tuple)) or len(value) != len(args):
+            raise QeebmError(f"config key '{key}' must be a list of {len(args)} values, got {value!r}")
+        return tuple(_coerce(v, a, f"{key}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if tp is float and isinstance(value, str):
+        # YAML 1.1 reads "1e-4" as a string; accept it as the float it plainly is.
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    if tp in (int, float, str, bool):
+        if isinstance(value, tp) and not (tp is int and isinstance(value, bool)):
+            return value
+        raise QeebmError(f"config key '{key}' must be {tp.__name__}, got {value!r}")
+    raise TypeError(f"unsupported config annotation {tp} for '{key}'")
+
+
+def _build(cls: type, values: dict, prefix: str = "") -> Any:
+    types_ = _field_types(cls)
+    kwargs = {}
+    for key, value in values.items():
+        if key not in types_:
+            raise QeebmError(f"unknown config key '{prefix}{key}'{_closest(key, list(types_), prefix)}")
+        kwargs[key] = _coerce(value, types_[key], f"{prefix}{key}")
+    return cls(**kwargs)
+
+
+def _merge(base: dict, update: dict) -> dict:
+    out = dict(base)
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def parse_override(item: str) -> dict:
+    """``a.b.c=value`` -> ``{"a": {"b": {"c": value}}}``; the value is parsed as YAML."""
+    if "=" not in item:
+        raise QeebmError(f"override '{item}' must look like key=value (e.g. optim.lr=1e-4)")
+    key, raw = item.split("=", 1)
+    value = yaml.safe_load(raw) if raw.strip() else ""
+    out: dict = {}
+    node = out
+    parts = key.strip().split(".")
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+    node[parts[-1]] = value
+    return out
+
+
+# String fields with a fixed set of values; checked after the types so the message can list them.
+CHOICES = {
+    "model.src_lang": None,  # checked against the language table when the model is loaded
+    "data.on_error": ("fail", "skip"),
+    "optim.scheduler": ("linear", "cosine", "constant"),
+    "optim.mixed_precision": ("no", "fp16", "bf16"),
+    "eval.mode": ("max", "min"),
+}
+CORPUS_FORMATS = ("auto", "tsv", "jsonl", "text", "hf")
+
+
+def _check_choices(cfg: Config) -> None:
+    for key, allowed in CHOICES.items():
+        if allowed is None:
+            continue
+        node: Any = cfg
+        for part in key.split("."):
+            node = getattr(node, part)
+        if node not in allowed:
+            raise QeebmError(f"config key '{key}' must be one of {', '.join(allowed)}; got {node!r}")
+    for split in ("train", "dev", "test", "mono"):
+        fmt = getattr(cfg.data, split).format
+        if fmt not in CORPUS_FORMATS:
+            raise QeebmError(f"config key 'data.{split}.format' must be one of {', '.join(CORPUS_FORMATS)}; got {fmt!r}")
+
+
+def config_from_dict(values: dict) -> Config:
+    cfg = _build(Config, values)
+    _check_choices(cfg)
+    return cfg
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Defaults <- YAML file <- dotted overrides, checked against the dataclasses."""
+    values: dict = {}
+    if path:
+        path = Path(path)
+        if not path.is_file():
+            raise QeebmError(f"config file not found: {path}")
+        try:
+            loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        except yaml.YAMLError as err:
+            raise QeebmError(f"{path}: invalid YAML: {str(err).splitlines()[0]}") from None
+        if not isinstance(loaded, dict):
+            raise QeebmError(f"{path}: top level must be a mapping")
+        values = loaded
+    for item in overrides:
+        values = _merge(values, parse_override(item))
+    try:
+        return config_from_dict(values)
+    except QeebmError as err:
+        where = f"{path}: " if path else ""
+        raise QeebmError(f"{where}{err}") from None
+
+
+def to_dict(cfg: Any) -> dict:
+    """Plain, YAML-safe dict (tuples become lists) for the run directory's resolved config."""
+
+    def plain(v: Any) -> Any:
+        if isinstance(v, (list, tuple)):
+            return [plain(x) for x in v]
+        if isinstance(v, dict):
+            return {k: plain(x) for k, x in v.items()}
+        return v
+
+    return plain(dataclasses.asdict(cfg))
+
+
+def dump_config(cfg: Config) -> str:
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False, allow_unicode=True)
