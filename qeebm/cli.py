@@ -1,0 +1,169 @@
+"""The ``qeebm`` command. Each subcommand parses its arguments and calls one library function;
+imports are lazy so ``qeebm --help`` answers in a fraction of a second."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from qeebm.errors import QeebmError
+
+CONFIG_HELP = "YAML file with the settings that differ from the defaults (see qeebm/config.py)"
+OVERRIDE_HELP = "dotted overrides applied after the YAML file, e.g. optim.lr=1e-4 model.lora.enabled=true"
+
+
+def _setup_logging(verbose: bool = False) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+        datefmt="%H:%M:%S",
+    )
+
+
+def cmd_tinyworld_build(args: argparse.Namespace) -> None:
+    from qeebm.tinyworld.build import build
+
+    build(args.dir, seed=args.seed, size=args.size, force=args.force)
+
+
+def cmd_train(args: argparse.Namespace) -> None:
+    from qeebm.config import load_config
+    from qeebm.loop import train
+
+    cfg = load_config(args.config, args.overrides)
+    result = train(cfg)
+    print(f"run directory: {result.run_dir}")
+
+
+def cmd_translate(args: argparse.Namespace) -> None:
+    from qeebm.config import GenerationConfig
+    from qeebm.translator import translate_file
+
+    gen = GenerationConfig(
+        num_beams=args.beams,
+        max_new_tokens=args.max_new_tokens,
+        do_sample=args.sample,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        batch_size=args.batch_size,
+    )
+    translate_file(args.model, args.src_lang, args.tgt_lang, args.input, args.output, gen)
+
+
+def cmd_evaluate(args: argparse.Namespace) -> None:
+    from qeebm.evaluate import evaluate_main
+
+    evaluate_main(args)
+
+
+def cmd_score(args: argparse.Namespace) -> None:
+    from qeebm.qe.scoring import score_file
+
+    score_file(args.model, args.input, args.output, batch_size=args.batch_size)
+
+
+def cmd_demo(args: argparse.Namespace) -> None:
+    from qeebm.demo import run_demo
+
+    run_demo(world_dir=args.world, runs_dir=args.runs, quick=args.quick)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="qeebm",
+        description="Train translators against a learned quality estimator (QE-EBM) and its baselines.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("tinyworld", help="the offline synthetic language pair and its tiny models")
+    tw = p.add_subparsers(dest="tinyworld_command", required=True, metavar="ACTION")
+    b = tw.add_parser(
+        "build",
+        help="generate data, tokenizers and base translators into DIR",
+        description="Generate the tiny world deterministically: English -> pseudo-Mongolian data "
+        "(train / source-only pool / dev / test), XLM-R-, mBART-50- and NLLB-style tokenizers, "
+        "tiny M2M100 and MBart base translators. The same seed gives identical files.",
+    )
+    b.add_argument("dir", help="output directory (e.g. data/tinyworld)")
+    b.add_argument("--seed", type=int, default=0, help="world seed (default 0)")
+    b.add_argument("--size", choices=["default", "micro"], default="default",
+                   help="'micro' is a seconds-long build for tests")
+    b.add_argument("--force", action="store_true", help="rebuild even if DIR holds a finished build")
+    b.set_defaults(func=cmd_tinyworld_build)
+
+    p = sub.add_parser(
+        "train",
+        help="train a translator with one method (sft, ...)",
+        description="Train with the method named by the config key 'method'. Settings: the dataclass "
+        "defaults, then --config YAML, then dotted overrides. Resumes from run_dir if it holds a checkpoint. "
+        "Multi-process: accelerate launch -m qeebm.cli train ...",
+    )
+    p.add_argument("--config", "-c", help=CONFIG_HELP)
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help=OVERRIDE_HELP)
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("translate", help="translate a text file, one segment a line",
+                       description="Translate INPUT (one source segment a line) into OUTPUT.")
+    p.add_argument("--model", required=True, help="hub id or local directory (NLLB-200 or mBART-50 family)")
+    p.add_argument("--src-lang", default="eng_Latn", help="NLLB code, e.g. eng_Latn (default)")
+    p.add_argument("--tgt-lang", default="khk_Cyrl", help="NLLB code, e.g. khk_Cyrl (default)")
+    p.add_argument("--input", "-i", required=True, help="source file")
+    p.add_argument("--output", "-o", required=True, help="where to write translations")
+    p.add_argument("--beams", type=int, default=5, help="beam size (default 5)")
+    p.add_argument("--max-new-tokens", type=int, default=50)
+    p.add_argument("--sample", action="store_true", help="sample instead of beam search")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.set_defaults(func=cmd_translate)
+
+    p = sub.add_parser("evaluate", help="translate a test set and score it with BLEU and chrF++",
+                       description="Translate the test corpus with a model (or take --hyps) and report "
+                       "sacrebleu BLEU and chrF++ with their signatures as JSON.")
+    p.add_argument("--model", help="translator directory or hub id (omit with --hyps)")
+    p.add_argument("--test", default="data/tinyworld/data/test.tsv", help="test corpus (tsv/jsonl with src, tgt)")
+    p.add_argument("--hyps", help="hypothesis file (one a line) instead of translating")
+    p.add_argument("--src-lang", default="eng_Latn")
+    p.add_argument("--tgt-lang", default="khk_Cyrl")
+    p.add_argument("--beams", type=int, default=5)
+    p.add_argument("--max-new-tokens", type=int, default=50)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--output", "-o", help="write the JSON report (and hypotheses beside it) here")
+    p.set_defaults(func=cmd_evaluate)
+
+    p = sub.add_parser("score", help="score (src, mt) pairs with a COMET-family quality estimator",
+                       description="Score a TSV/JSONL file with columns src, mt (and ref for reference-based "
+                       "COMET) with a CometKiwi / COMET / XCOMET model (hub id or local comet directory).")
+    p.add_argument("--model", required=True, help="hub id (online) or local comet model directory")
+    p.add_argument("--input", "-i", required=True)
+    p.add_argument("--output", "-o", required=True, help="one score a line")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.set_defaults(func=cmd_score)
+
+    p = sub.add_parser("demo", help="the main job on the tiny world: build it, train, evaluate, print",
+                       description="Build the tiny world if absent, train from its base translator, "
+                       "evaluate on its test set and print the results table.")
+    p.add_argument("--world", default="data/tinyworld", help="tiny-world directory (built if absent)")
+    p.add_argument("--runs", default="runs/demo", help="where the runs go")
+    p.add_argument("--quick", action="store_true", help="a smoke-sized run")
+    p.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    _setup_logging(args.verbose)
+    try:
+        args.func(args)
+    except QeebmError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return err.exit_code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
