@@ -1,0 +1,384 @@
+"""The translator: an NLLB-200 (M2M100) or mBART-50 model with its tokenizer and language codes.
+
+Both families share the layout that matters here: the decoder starts from ``</s>`` (id 2), the first
+generated token is the target-language code, and sources are ``[src_code] X </s>``. The target code is
+forced on every generate() call rather than trusted to the checkpoint's generation defaults, which
+have produced wrong-language output for these models.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from qeebm.config import GenerationConfig, LoraConfig, ModelConfig
+from qeebm.errors import QeebmError
+from qeebm.langcodes import to_model_code
+
+log = logging.getLogger(__name__)
+
+FAMILY_OF_MODEL_TYPE = {"m2m_100": "nllb", "mbart": "mbart"}
+DROPOUT_KEYS = ("dropout", "attention_dropout", "activation_dropout")
+ADAPTER_CONFIG = "adapter_config.json"
+
+
+def _looks_local(name: str) -> bool:
+    """Whether ``name`` can only be meant as a local path. Hub ids are ``name`` or ``org/name``, so one
+    slash alone does not decide it; a first component that exists here does (``runs/sft``)."""
+    if name.startswith((".", "~", os.sep)) or os.path.isabs(name):
+        return True
+    if os.altsep and os.altsep in name:
+        return True
+    parts = name.split(os.sep)
+    return len(parts) > 2 or (len(parts) == 2 and os.path.isdir(parts[0]))
+
+
+def _local_dir(name: str) -> Path | None:
+    """The local directory ``name`` names, None for a hub id; an error for a missing local path."""
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return path.resolve()
+    if path.exists():
+        raise QeebmError(f"translator path '{name}' is a file; expected a model directory")
+    if _looks_local(name):
+        raise QeebmError(f"translator directory '{name}' does not exist")
+    return None
+
+
+def _hub_error(name: str, err: Exception) -> QeebmError:
+    detail = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return QeebmError(
+        f"cannot load translator '{name}': there is no local directory of that name and no model hub "
+        f"is reachable (offline or not cached); pass a local model directory ({detail})"
+    )
+
+
+def _from_pretrained(loader, name: str, local: Path | None, what: str, **kwargs):
+    try:
+        return loader.from_pretrained(str(local) if local is not None else name, **kwargs)
+    except OSError as err:
+        if local is None:
+            raise _hub_error(name, err) from None
+        raise QeebmError(f"cannot load {what} from '{local}': {str(err).strip().splitlines()[0]}") from None
+    except (ValueError, TypeError) as err:
+        # transformers reports a directory without the needed files this way too (e.g. no vocab file).
+        raise QeebmError(f"cannot load {what} from '{name}': {str(err).strip().splitlines()[0]}") from None
+
+
+def _load_weights(name: str, local: Path | None, config, dropout: float | None):
+    """Model weights with the dropout override applied at construction (the layers copy their dropout
+    rates from the config when built, so changing the config afterwards does nothing).
+    Returns (model, the checkpoint's own dropout values)."""
+    from transformers import AutoModelForSeq2SeqLM
+
+    original = {k: getattr(config, k) for k in DROPOUT_KEYS if hasattr(config, k)}
+    if dropout is not None:
+        for key in original:
+            setattr(config, key, dropout)
+    model = _from_pretrained(AutoModelForSeq2SeqLM, name, local, "model", config=config)
+    return model, original
+
+
+def _has_tokenizer(path: Path) -> bool:
+    return (path / "tokenizer_config.json").is_file() or (path / "tokenizer.json").is_file()
+
+
+def _peft_config(lora: LoraConfig):
+    import peft
+
+    return peft.LoraConfig(
+        task_type=peft.TaskType.SEQ_2_SEQ_LM,
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=list(lora.target_modules),
+    )
+
+
+def _is_peft(model) -> bool:
+    try:
+        from peft import PeftModel
+    except ImportError:  # pragma: no cover - peft is a dependency
+        return False
+    return isinstance(model, PeftModel)
+
+
+@dataclass
+class Translator:
+    model: torch.nn.Module  # the (possibly peft-wrapped) seq2seq model, never the DDP wrapper
+    tokenizer: object  # NllbTokenizerFast or MBart50TokenizerFast
+    family: str  # "nllb" | "mbart"
+    src_code: str  # model-specific code, e.g. eng_Latn or en_XX
+    tgt_code: str  # e.g. khk_Cyrl or mn_MN
+    tgt_lang_id: int  # token id of tgt_code: forced as the first generated token
+    # The checkpoint's own dropout rates, written back by save() when load() overrode them.
+    checkpoint_dropout: dict = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def load(cls, cfg: ModelConfig) -> "Translator":
+        """AutoModelForSeq2SeqLM + AutoTokenizer from a hub id or local dir; family from model_type;
+        languages mapped from NLLB codes; optional dropout override and LoRA (peft).
+
+        A directory holding a peft adapter (adapter_config.json, as ``save(merge_lora=False)`` writes)
+        loads its base model and the adapter, trainable."""
+        from transformers import AutoConfig, AutoTokenizer
+
+        name = cfg.name_or_path
+        local = _local_dir(name)
+        adapter = local is not None and (local / ADAPTER_CONFIG).is_file()
+        if adapter:
+            base_name = json.loads((local / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
+            if not base_name:
+                raise QeebmError(f"adapter '{local}' does not name its base model (base_model_name_or_path)")
+            base_local = _local_dir(base_name)
+        else:
+            base_name, base_local = name, local
+        # Everything cheap is checked before the weights are read: a mistyped language code should not
+        # cost a multi-GB load.
+        config = _from_pretrained(AutoConfig, base_name, base_local, "model config")
+        family = FAMILY_OF_MODEL_TYPE.get(config.model_type)
+        if family is None:
+            raise QeebmError(
+                f"translator '{name}' is a '{config.model_type}' model; "
+                "only NLLB-200 (m2m_100) and mBART-50 (mbart) are supported"
+            )
+        src_code = to_model_code(cfg.src_lang, family)
+        tgt_code = to_model_code(cfg.tgt_lang, family)
+        if adapter and _has_tokenizer(local):
+            tokenizer = _from_pretrained(AutoTokenizer, str(local), local, "tokenizer")
+        else:
+            tokenizer = _from_pretrained(AutoTokenizer, base_name, base_local, "tokenizer")
+        vocab = tokenizer.get_vocab()
+        for key, code in (("model.src_lang", src_code), ("model.tgt_lang", tgt_code)):
+            if code not in vocab:
+                raise QeebmError(
+                    f"{key}: the tokenizer of '{name}' ({type(tokenizer).__name__}) has no language code '{code}'"
+                )
+        tokenizer.src_lang = src_code
+        tokenizer.tgt_lang = tgt_code
+
+        model, original_dropout = _load_weights(base_name, base_local, config, cfg.dropout)
+        if adapter:
+            from peft import PeftModel
+
+            model = PeftModel.from_pretrained(model, str(local), is_trainable=True)
+            if cfg.lora.enabled:
+                log.info("continuing the LoRA adapter in %s (its own r/alpha/targets apply)", local)
+        elif cfg.lora.enabled:
+            from peft import get_peft_model
+
+            model = get_peft_model(model, _peft_config(cfg.lora))
+        out = cls(
+            model=model,
+            tokenizer=tokenizer,
+            family=family,
+            src_code=src_code,
+            tgt_code=tgt_code,
+            tgt_lang_id=vocab[tgt_code],
+            checkpoint_dropout=original_dropout,
+        )
+        trainable, total = out.parameter_counts()
+        log.info(
+            "translator %s (%s, %s -> %s): %d parameters, %d trainable",
+            name, family, src_code, tgt_code, total, trainable,
+        )
+        return out
+
+    # ------------------------------------------------------------------------------------------
+    # Parameters and device
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def to(self, device) -> "Translator":
+        self.model.to(device)
+        return self
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        """The parameters the optimiser should update (only the adapters when LoRA is on)."""
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def parameter_counts(self) -> tuple[int, int]:
+        """(trainable, total) parameter counts; tied embeddings are counted once."""
+        params = list(self.model.parameters())
+        return sum(p.numel() for p in params if p.requires_grad), sum(p.numel() for p in params)
+
+    @property
+    def is_lora(self) -> bool:
+        return _is_peft(self.model)
+
+    # ------------------------------------------------------------------------------------------
+    # Tokenisation
+
+    def encode(self, src: list[str], tgt: list[str] | None = None) -> dict[str, torch.Tensor]:
+        """Tokenise sources (and targets as labels, padding = -100) with src/tgt language codes.
+        Returns input_ids [B, S], attention_mask [B, S] and, with tgt, labels [B, T].
+
+        Sequences longer than the model's ``model_max_length`` are truncated (the language code and
+        ``</s>`` are kept); filter long pairs beforehand with ``num_tokens``. Tensors are on the CPU."""
+        tok = self.tokenizer
+        enc = tok(list(src), padding=True, truncation=True, return_tensors="pt")
+        out = {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
+        if tgt is not None:
+            if len(tgt) != len(src):
+                raise ValueError(f"{len(src)} sources but {len(tgt)} targets")
+            # Masking by the attention mask rather than by pad id: a text can contain the literal "<pad>".
+            lab = tok(text_target=list(tgt), padding=True, truncation=True, return_tensors="pt")
+            out["labels"] = lab["input_ids"].masked_fill(lab["attention_mask"] == 0, -100)
+        return out
+
+    def num_tokens(self, texts: list[str], side: str) -> list[int]:
+        """Token counts as the model sees them (side: "src" | "tgt"), for length filters.
+
+        Counts include the language code and ``</s>`` and are never truncated."""
+        if side == "src":
+            ids = self.tokenizer(list(texts))["input_ids"]
+        elif side == "tgt":
+            ids = self.tokenizer(text_target=list(texts))["input_ids"]
+        else:
+            raise ValueError(f"side must be 'src' or 'tgt', got {side!r}")
+        return [len(x) for x in ids]
+
+    def decode(self, ids: torch.Tensor | list[list[int]]) -> list[str]:
+        """Text of generated ids (special tokens, language codes included, removed)."""
+        return self.tokenizer.batch_decode(ids, skip_special_tokens=True)
+
+    # ------------------------------------------------------------------------------------------
+    # Generation
+
+    def generation_kwargs(self, gen: GenerationConfig, num_return_sequences: int = 1) -> dict:
+        """Keyword arguments for ``model.generate``; the target language code is always forced."""
+        kwargs = dict(
+            max_new_tokens=gen.max_new_tokens,
+            num_beams=gen.num_beams,
+            do_sample=gen.do_sample,
+            num_return_sequences=num_return_sequences,
+            forced_bos_token_id=self.tgt_lang_id,
+        )
+        if gen.do_sample:
+            # Passed even at their neutral values: a checkpoint's own defaults (top_k=50 in transformers)
+            # would otherwise apply, and top_k=0 here means plain ancestral sampling.
+            kwargs.update(temperature=gen.temperature, top_k=gen.top_k, top_p=gen.top_p)
+        return kwargs
+
+    @torch.no_grad()
+    def generate_ids(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        gen: GenerationConfig,
+        num_return_sequences: int = 1,
+        **overrides,
+    ) -> torch.Tensor:
+        """One batch of generation, exactly the tokens emitted: [B * num_return_sequences, T].
+
+        Row layout (rows of one source are adjacent): ``</s>`` (decoder start), ``tgt_lang_id``, the
+        tokens, ``</s>`` unless ``max_new_tokens`` was reached, then ``<pad>`` up to T. Use
+        ``teacher_forcing`` to re-score these rows. ``gen.batch_size`` is ignored here; ``overrides``
+        go to ``model.generate`` last. The model runs in eval mode and its mode is restored."""
+        kwargs = self.generation_kwargs(gen, num_return_sequences) | overrides
+        device = self.device
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            return self.model.generate(
+                input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), **kwargs
+            )
+        finally:
+            self.model.train(was_training)
+
+    @torch.no_grad()
+    def generate(self, src: list[str], gen: GenerationConfig, num_return_sequences: int = 1) -> list[str]:
+        """Translate in batches of gen.batch_size, forcing tgt_lang_id as first token at generate() time.
+        Returns len(src) * num_return_sequences strings, those of one source adjacent."""
+        out: list[str] = []
+        step = max(1, gen.batch_size)
+        for start in range(0, len(src), step):
+            enc = self.encode(src[start : start + step])
+            ids = self.generate_ids(enc["input_ids"], enc["attention_mask"], gen, num_return_sequences)
+            out.extend(self.decode(ids))
+        return out
+
+    def teacher_forcing(self, sequences: torch.Tensor) -> dict[str, torch.Tensor]:
+        """decoder_input_ids and labels that replay ``generate_ids`` rows under teacher forcing.
+
+        Pass both to the model: with labels alone, mBART builds its decoder inputs by rotating the last
+        non-pad token to the front, which is wrong for a row cut off by max_new_tokens. Labels are -100
+        after the first ``</s>``; a row without one keeps all its tokens."""
+        decoder_input_ids = sequences[:, :-1]
+        labels = sequences[:, 1:].clone()
+        eos = labels == self.tokenizer.eos_token_id
+        # Positions strictly after the first </s>: the running count of </s> before them is > 0.
+        after_eos = (eos.cumsum(dim=1) - eos.long()) > 0
+        labels[after_eos] = -100
+        return {"decoder_input_ids": decoder_input_ids, "labels": labels}
+
+    # ------------------------------------------------------------------------------------------
+    # Saving
+
+    def save(self, out_dir: str | Path, merge_lora: bool = True) -> None:
+        """save_pretrained model (LoRA merged unless merge_lora=False) + tokenizer, loadable by
+        transformers.pipeline("translation", model=out_dir, src_lang=..., tgt_lang=...).
+
+        With merge_lora=False a LoRA translator writes only its adapter (adapter_config.json names the
+        base model), which ``Translator.load`` reloads. A dropout override is not saved: the written
+        config keeps the checkpoint's own dropout rates."""
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        if self.is_lora and merge_lora:
+            # merge_and_unload rewrites the modules in place, so it works on a copy and training goes on.
+            to_save = copy.deepcopy(self.model).merge_and_unload()
+        else:
+            to_save = self.model
+        config = to_save.config if not _is_peft(to_save) else to_save.get_base_model().config
+        original = self.checkpoint_dropout
+        current = {k: getattr(config, k) for k in original}
+        for key, value in original.items():
+            setattr(config, key, value)
+        try:
+            to_save.save_pretrained(str(out))
+        finally:
+            for key, value in current.items():
+                setattr(config, key, value)
+        self.tokenizer.save_pretrained(str(out))
+
+
+def translate_file(
+    model_path: str,
+    src_lang: str,
+    tgt_lang: str,
+    in_path: str | Path,
+    out_path: str | Path,
+    gen: GenerationConfig,
+) -> int:
+    """``qeebm translate``: one translation per input line (empty lines stay empty); returns the count."""
+    in_path, out_path = Path(in_path), Path(out_path)
+    if not in_path.is_file():
+        raise QeebmError(f"input file not found: {in_path}")
+    try:
+        lines = in_path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as err:
+        raise QeebmError(f"{in_path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+    translator = Translator.load(ModelConfig(name_or_path=model_path, src_lang=src_lang, tgt_lang=tgt_lang))
+    if torch.cuda.is_available():
+        translator.to("cuda")
+    todo = [i for i, line in enumerate(lines) if line.strip()]
+    hyps = translator.generate([lines[i].strip() for i in todo], gen)
+    out_lines = [""] * len(lines)
+    for i, hyp in zip(todo, hyps):
+        # One line per input line, whatever the model emits.
+        out_lines[i] = " ".join(hyp.split())
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text("".join(line + "\n" for line in out_lines), encoding="utf-8")
+    log.info(
+        "translated %d lines (%d empty kept empty) from %s to %s -> %s",
+        len(todo), len(lines) - len(todo), src_lang, tgt_lang, out_path,
+    )
+    return len(todo)
