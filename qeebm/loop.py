@@ -1,0 +1,295 @@
+"""The one training loop, shared by every method.
+
+Read top to bottom: ``train`` builds everything, then repeats ``train_step`` (one optimiser step:
+micro-steps, backward, clipping, update), logs, validates and checkpoints. The loop never looks inside
+a method: it hands each micro-batch to ``method.rollout`` (no gradient) and ``method.loss``, and
+backpropagates what comes back (docs/design.md: batches and loss normalisation).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import set_seed
+from tqdm.auto import tqdm
+from transformers import get_scheduler
+
+from qeebm import checkpoint as ckpt
+from qeebm.config import Config
+from qeebm.data import StepSampler, filter_corpus, read_corpus
+from qeebm.errors import QeebmError
+from qeebm.evaluate import corpus_metrics, corpus_nll, translate_corpus
+from qeebm.methods import METHODS, Batch
+from qeebm.translator import Translator
+
+log = logging.getLogger("qeebm.loop")
+
+SCHEDULERS = {"linear": "linear", "cosine": "cosine", "constant": "constant_with_warmup"}
+VAL_METRICS = ("bleu", "chrf", "loss")
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path
+    step: int
+    best_metric: float | None
+    best_path: Path | None
+
+
+@dataclass
+class LoopState:
+    """Everything besides tensors that a resume restores (saved as a checkpoint's state.json)."""
+
+    step: int = 0
+    best: float | None = None
+    bad_evals: int = 0  # validations since the last improvement
+    elapsed: float = 0.0
+    validations: list[dict] = field(default_factory=list)
+
+
+def train(cfg: Config) -> TrainResult:
+    accelerator = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision=cfg.optim.mixed_precision)
+    set_seed(cfg.seed)
+    check_config(cfg, accelerator.num_processes)
+    run_dir = Path(cfg.output.run_dir)
+    resume_from = ckpt.prepare_run_dir(cfg, run_dir, accelerator)
+    handler = _FileLog(run_dir / "train.log") if accelerator.is_main_process else None
+    metrics_log = None
+    try:
+        translator = Translator.load(cfg.model)
+        train_set, dev_set = load_data(cfg, translator)
+
+        model = translator.model
+        params = [p for p in model.parameters() if p.requires_grad]
+        o = cfg.optim
+        optimizer = torch.optim.AdamW(params, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
+        # Not prepared by accelerate: its wrapper steps the schedule once per process.
+        scheduler = get_scheduler(SCHEDULERS[o.scheduler], optimizer, num_warmup_steps=o.warmup_steps, num_training_steps=o.max_steps)
+        state = LoopState()
+        if resume_from is not None:
+            state = LoopState(**ckpt.load_checkpoint(resume_from, model=model, optimizer=optimizer, scheduler=scheduler))
+            log.info("resuming from %s (step %d)", resume_from, state.step)
+        # No DataLoader: the step sampler already gives each process its slice.
+        prepared, optimizer = accelerator.prepare(model, optimizer)
+        method = METHODS[cfg.method](cfg, translator, prepared)
+        sampler = StepSampler(len(train_set.src), o.batch_size, cfg.seed)
+        metrics_log = MetricsLog(run_dir, cfg, accelerator, start_step=state.step)
+        log.info("method %s, %d processes x %d micro-steps, global batch %d, %d trainable parameters, %d training pairs",
+                 cfg.method, accelerator.num_processes, o.grad_accum, o.batch_size, sum(p.numel() for p in params), len(train_set.src))
+        if resume_from is not None and not ckpt.restore_rng(resume_from, accelerator.process_index):
+            log.warning("checkpoint has no RNG state for process %d: dropout will differ", accelerator.process_index)
+
+        def validate_and_select() -> None:
+            with ckpt.preserve_rng(), evaluating(prepared):
+                result = validate(cfg, translator, dev_set, accelerator)
+            value = result[cfg.eval.metric]
+            improved = state.best is None or (value > state.best if cfg.eval.mode == "max" else value < state.best)
+            state.best, state.bad_evals = (value, 0) if improved else (state.best, state.bad_evals + 1)
+            state.validations.append({"step": state.step, **result})
+            metrics_log.write(state.step, {f"val/{k}": v for k, v in result.items()} | {"elapsed": time.time() - start})
+            if improved and accelerator.is_main_process:
+                with ckpt.atomic_dir(run_dir / "best") as tmp:
+                    translator.save(tmp)
+                log.info("new best %s=%.4f at step %d -> %s", cfg.eval.metric, value, state.step, run_dir / "best")
+            accelerator.wait_for_everyone()
+
+        def save() -> None:
+            state.elapsed = time.time() - start
+            ckpt.save_checkpoint(run_dir / "checkpoints", state.step, model=prepared, optimizer=optimizer, scheduler=scheduler,
+                                 state=asdict(state), accelerator=accelerator, keep_last=cfg.output.keep_last)
+
+        def stopped_early() -> bool:
+            return 0 < cfg.eval.patience <= state.bad_evals
+
+        start = time.time() - state.elapsed
+        prepared.train()
+        bar = tqdm(total=o.max_steps, initial=state.step, disable=not (accelerator.is_main_process and cfg.logging.progress_bar))
+        while state.step < o.max_steps and not stopped_early():
+            state.step += 1
+            metrics = train_step(state.step, cfg, accelerator, translator, prepared, method, optimizer, scheduler, sampler, train_set)
+            bar.update(1)
+            bar.set_postfix(loss=f"{metrics['loss']:.4f}")
+            if state.step % cfg.logging.every == 0:
+                epoch = state.step * o.batch_size / len(train_set.src)
+                metrics_log.write(state.step, {"epoch": epoch, **metrics, "elapsed": time.time() - start})
+            if dev_set is not None and cfg.eval.every > 0 and state.step % cfg.eval.every == 0:
+                validate_and_select()
+            if cfg.output.save_every > 0 and state.step % cfg.output.save_every == 0:
+                save()
+        bar.close()
+        if stopped_early():
+            log.info("early stop at step %d: no %s improvement in %d validations", state.step, cfg.eval.metric, state.bad_evals)
+        if dev_set is not None and not any(v["step"] == state.step for v in state.validations):
+            validate_and_select()
+        if not ckpt.step_dir(run_dir / "checkpoints", state.step).is_dir():
+            save()
+        if accelerator.is_main_process:
+            with ckpt.atomic_dir(run_dir / "final") as tmp:
+                translator.save(tmp)
+        accelerator.wait_for_everyone()
+        best = run_dir / "best" if state.best is not None else None
+        return TrainResult(run_dir=run_dir, step=state.step, best_metric=state.best, best_path=best)
+    finally:
+        if metrics_log is not None:
+            metrics_log.close()
+        if handler is not None:
+            handler.close()
+
+
+def train_step(step, cfg, accelerator, translator, model, method, optimizer, scheduler, sampler, data) -> dict[str, float]:
+    """One optimiser step over the global batch of ``step``: every micro-step's loss is its
+    contribution to the step's mean, so the summed gradient is the full-batch gradient."""
+    world, accum = accelerator.num_processes, cfg.optim.grad_accum
+    # ``step`` counts from 1 (steps done once it ends); the sampler's steps count from 0.
+    every = sampler.global_indices(step - 1)
+    global_tokens = count_label_tokens(translator, data, every)
+    sums: dict[str, float] = {"loss": 0.0}
+    for micro in range(accum):
+        idx = sampler.local_indices(step - 1, micro, accelerator.process_index, world, accum)
+        batch = make_batch(translator, data, idx, global_tokens, len(every), accelerator.device)
+        # Gradients are exchanged once, on the last micro-step.
+        with accelerator.no_sync(model) if micro < accum - 1 else contextlib.nullcontext():
+            with torch.no_grad():
+                rollout = method.rollout(batch)
+            out = method.loss(rollout)
+            # DDP averages gradients over processes; the contributions must be summed.
+            accelerator.backward(out.loss * world)
+        sums["loss"] += out.loss.item()
+        for key, value in out.metrics.items():
+            sums[key] = sums.get(key, 0.0) + float(value)
+    keys = sorted(sums)
+    totals = accelerator.reduce(torch.tensor([sums[k] for k in keys], dtype=torch.float64, device=accelerator.device), "sum")
+    params = [p for p in model.parameters() if p.requires_grad]
+    # With clipping off, an infinite threshold still measures the norm and scales by exactly 1.
+    max_norm = cfg.optim.max_grad_norm if cfg.optim.max_grad_norm > 0 else math.inf
+    grad_norm = accelerator.clip_grad_norm_(params, max_norm)
+    lr = scheduler.get_last_lr()[0]
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return {"lr": lr, "grad_norm": float(grad_norm), **dict(zip(keys, totals.tolist()))}
+
+
+def make_batch(translator, data, idx, global_tokens, global_examples, device) -> Batch:
+    src = [data.src[i] for i in idx]
+    tgt = [data.tgt[i] for i in idx] if data.tgt is not None else None
+    enc = {k: v.to(device) for k, v in translator.encode(src, tgt).items()}
+    return Batch(src=src, tgt=tgt, input_ids=enc["input_ids"], attention_mask=enc["attention_mask"], labels=enc.get("labels"),
+                 global_tokens=global_tokens, global_examples=global_examples)
+
+
+def count_label_tokens(translator, data, idx) -> int:
+    # Every process tokenises the whole step's targets, so all agree on the normaliser without talking.
+    if data.tgt is None:
+        return 0
+    labels = translator.encode([data.src[i] for i in idx], [data.tgt[i] for i in idx])["labels"]
+    return int((labels != -100).sum())
+
+
+def validate(cfg, translator, dev, accelerator) -> dict[str, float]:
+    n = cfg.eval.max_examples or len(dev.src)
+    src, tgt = dev.src[:n], dev.tgt[:n]
+    hyps = translate_corpus(translator, src, cfg.generation, accelerator)
+    return {**corpus_metrics(hyps, tgt), "loss": corpus_nll(translator, src, tgt, cfg.generation.batch_size, accelerator)}
+
+
+@contextlib.contextmanager
+def evaluating(model):
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train()
+
+
+# ----------------------------------------------------------------------------------------------
+# Set-up helpers
+
+
+def load_data(cfg, translator):
+    d = cfg.data
+    train_set = read_corpus(d.train, "train", need_target=True, on_error=d.on_error, log=log)
+    train_set = filter_corpus(train_set, max_tokens=d.max_tokens, dedup=d.dedup, log=log,
+                              count_src=lambda texts: translator.num_tokens(texts, "src"),
+                              count_tgt=lambda texts: translator.num_tokens(texts, "tgt"))
+    # An empty dev path turns validation (and best-checkpoint selection) off.
+    dev_set = read_corpus(d.dev, "dev", need_target=True, on_error=d.on_error, log=log) if d.dev.path else None
+    return train_set, dev_set
+
+
+def check_config(cfg, world: int) -> None:
+    """What can be wrong before anything slow is loaded."""
+    METHODS[cfg.method]  # an unknown name raises, naming the closest
+    o = cfg.optim
+    if o.grad_accum < 1 or o.batch_size % (world * o.grad_accum):
+        raise QeebmError(f"optim.batch_size={o.batch_size} must be divisible by processes x optim.grad_accum = "
+                         f"{world} x {o.grad_accum}; batch_size is the global batch of one optimiser step")
+    if cfg.eval.metric not in VAL_METRICS:
+        raise QeebmError(f"eval.metric must be one of {', '.join(VAL_METRICS)}; got {cfg.eval.metric!r}")
+    if cfg.logging.every < 1:
+        raise QeebmError(f"logging.every must be at least 1; got {cfg.logging.every}")
+
+
+class _FileLog:
+    """train.log: the package's INFO messages in the run directory (main process only); detached
+    again on close, so several runs in one Python process never write into each other's logs."""
+
+    def __init__(self, path: Path):
+        self.logger = logging.getLogger("qeebm")
+        self.level = self.logger.level
+        self.handler = logging.FileHandler(path, encoding="utf-8")
+        self.handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+        self.logger.addHandler(self.handler)
+        if self.logger.getEffectiveLevel() > logging.INFO:
+            self.logger.setLevel(logging.INFO)
+
+    def close(self) -> None:
+        self.logger.removeHandler(self.handler)
+        self.handler.close()
+        self.logger.setLevel(self.level)
+
+
+class MetricsLog:
+    """metrics.jsonl (one JSON object per line) and TensorBoard, written by the main process only.
+    On resume, records past the checkpoint's step are dropped so the curves never hold a step twice."""
+
+    def __init__(self, run_dir: Path, cfg, accelerator, start_step: int):
+        self.active = accelerator.is_main_process
+        self.path, self.tb = run_dir / "metrics.jsonl", None
+        if not self.active:
+            return
+        kept = []
+        if self.path.is_file():
+            for line in self.path.read_text(encoding="utf-8").splitlines():
+                try:
+                    if json.loads(line)["step"] <= start_step:
+                        kept.append(line)
+                except (ValueError, KeyError, TypeError):
+                    pass  # a line cut short by a crash
+        ckpt.write_text_atomic(self.path, "".join(line + "\n" for line in kept))
+        if cfg.logging.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(str(run_dir / "tb"), purge_step=start_step + 1)
+
+    def write(self, step: int, values: dict[str, float]) -> None:
+        if not self.active:
+            return
+        with self.path.open("a", encoding="utf-8") as f:
+            f.write(json.dumps({"step": step, **values}) + "\n")
+        log.info("step %d: %s", step, " ".join(f"{k}={v:.4g}" for k, v in values.items() if k != "elapsed"))
+        if self.tb is not None:
+            for key, value in values.items():
+                self.tb.add_scalar(key if "/" in key else f"train/{key}", value, step)
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()

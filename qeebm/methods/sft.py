@@ -1,0 +1,38 @@
+"""Supervised fine-tuning: label-smoothed cross-entropy on the reference translations."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from qeebm.config import Config
+from qeebm.errors import QeebmError
+from qeebm.methods.base import Batch, StepOutput
+
+
+class SFT:
+    name = "sft"
+
+    def __init__(self, cfg: Config, translator, model: torch.nn.Module):
+        self.model = model
+        self.label_smoothing = cfg.optim.label_smoothing
+
+    def rollout(self, batch: Batch) -> Batch:
+        # Nothing to sample: the references are the targets.
+        if batch.labels is None:
+            raise QeebmError("method 'sft' needs target sentences; the training corpus has none")
+        return batch
+
+    def loss(self, batch: Batch) -> StepOutput:
+        # Passing labels lets each model family build its own decoder inputs (mBART rotates the
+        # language code, NLLB prepends </s>); the model's own mean loss is ignored.
+        logits = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, labels=batch.labels).logits
+        logits = logits.float().flatten(0, 1)
+        labels = batch.labels.flatten()
+        # Sum, then divide by the step's token count: micro-batches and processes then add up
+        # to the full-batch per-token mean whatever the split.
+        total = max(batch.global_tokens, 1)
+        loss = F.cross_entropy(logits, labels, ignore_index=-100, label_smoothing=self.label_smoothing, reduction="sum") / total
+        with torch.no_grad():
+            nll = F.cross_entropy(logits, labels, ignore_index=-100, reduction="sum") / total
+        return StepOutput(loss=loss, metrics={"sft/loss": loss.item(), "sft/nll": nll.item()})

@@ -1,0 +1,83 @@
+"""One process and two processes with the same global batch train the same model (docs/design.md).
+
+``tests/test_loop.py::test_ddp_parity`` runs this script twice on a tiny world it prepared:
+
+    python tests/ddp_parity.py BASE.yaml [key=value ...]
+    ACCELERATE_USE_CPU=true accelerate launch --multi_gpu --num_processes 2 --num_machines 1 \
+        --mixed_precision no --dynamo_backend no tests/ddp_parity.py BASE.yaml [key=value ...]
+
+and compares the runs' metrics.jsonl curves and final checkpoints. (``--cpu`` with two processes
+starts only one, hence ``--multi_gpu`` with ACCELERATE_USE_CPU.) The module also holds the tiny-run
+set-up that the loop and checkpoint tests share.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+import yaml
+
+from qeebm.config import Config, load_config
+
+
+def write_tiny_world(root: Path) -> Path:
+    """A tiny random NLLB translator, 64 training and 16 dev pairs under ``root``, and a base config
+    (``root/base.yaml``) for runs of a few steps: no warm-up, constant schedule, greedy validation
+    on 8 dev pairs, logging every step, no periodic validation or checkpoints."""
+    from helpers import tiny_texts, tiny_translator_dir
+
+    from qeebm.data import write_tsv
+
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    texts = tiny_texts(160, seed=3)
+    src, tgt = texts[0::2], texts[1::2]
+    write_tsv(root / "train.tsv", src[:64], tgt[:64])
+    write_tsv(root / "dev.tsv", src[64:80], tgt[64:80])
+    base = {
+        "seed": 7,
+        "model": {"name_or_path": str(tiny_translator_dir("nllb")), "dropout": 0.0},
+        "data": {"train": {"path": str(root / "train.tsv")}, "dev": {"path": str(root / "dev.tsv")}},
+        "optim": {"lr": 1e-3, "warmup_steps": 0, "scheduler": "constant", "max_steps": 3, "batch_size": 8,
+                  "grad_accum": 1, "max_grad_norm": 0.0, "weight_decay": 0.0},
+        "generation": {"num_beams": 1, "max_new_tokens": 8, "batch_size": 8},
+        "eval": {"every": 0, "max_examples": 8, "metric": "loss", "mode": "min"},
+        "logging": {"every": 1, "tensorboard": False, "progress_bar": False},
+        "output": {"save_every": 0, "keep_last": 2},
+    }
+    path = root / "base.yaml"
+    path.write_text(yaml.safe_dump(base), encoding="utf-8")
+    return path
+
+
+def make_config(base: Path, run_dir: Path, *overrides: str) -> Config:
+    return load_config(base, [f"output.run_dir={run_dir}", *overrides])
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    """Training records of metrics.jsonl (validation records left out), in order."""
+    lines = (Path(run_dir) / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    return [r for r in map(json.loads, lines) if "loss" in r]
+
+
+def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    """Model state of the newest checkpoint in ``run_dir``."""
+    from qeebm.checkpoint import latest_checkpoint
+
+    found = latest_checkpoint(Path(run_dir) / "checkpoints")
+    assert found is not None, f"no checkpoint in {run_dir}"
+    return torch.load(found / "model.pt", weights_only=True)
+
+
+def main(argv: list[str]) -> None:
+    from qeebm.loop import train
+
+    cfg = load_config(argv[0], argv[1:])
+    train(cfg)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

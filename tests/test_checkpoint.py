@@ -1,0 +1,144 @@
+"""Checkpoints: an interrupted run resumes exactly, a crash while saving never leaves a checkpoint
+that resume would trust, and a run directory refuses to continue under a different config."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from ddp_parity import make_config, read_metrics, write_tiny_world
+from qeebm import checkpoint as ckpt
+from qeebm.errors import QeebmError
+from qeebm.loop import train
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory) -> Path:
+    return write_tiny_world(tmp_path_factory.mktemp("world"))
+
+
+def load(run_dir: Path, step: int, name: str):
+    return torch.load(ckpt.step_dir(Path(run_dir) / "checkpoints", step) / name, weights_only=True)
+
+
+def assert_identical(a, b, where: str = "") -> None:
+    """Nested state dicts equal bit for bit."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for k in a:
+            assert_identical(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_identical(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, where
+
+
+def test_interrupted_run_resumes_exactly(base, tmp_path):
+    # Dropout stays on (the tiny model's 0.1), so the result depends on the restored RNG states.
+    # Validation every 2 steps also runs at B's extra stop at step 3; it must not move any RNG.
+    # The constant schedule does not depend on max_steps, which differs between B's two halves.
+    common = ["model.dropout=null", "eval.every=2", "optim.warmup_steps=2"]
+    straight = make_config(base, tmp_path / "A", *common, "optim.max_steps=6")
+    train(straight)
+    first = make_config(base, tmp_path / "B", *common, "optim.max_steps=3")
+    assert train(first).step == 3
+    second = make_config(base, tmp_path / "B", *common, "optim.max_steps=6")
+    assert train(second).step == 6
+    for name in ("model.pt", "optimizer.pt", "scheduler.pt"):
+        assert_identical(load(tmp_path / "A", 6, name), load(tmp_path / "B", 6, name), name)
+    # The resumed run's log holds each step once, with the uninterrupted run's values.
+    a, b = read_metrics(tmp_path / "A"), read_metrics(tmp_path / "B")
+    assert [r["step"] for r in b] == [1, 2, 3, 4, 5, 6]
+    assert [r["loss"] for r in a] == [r["loss"] for r in b]
+    state = ckpt.read_state(ckpt.step_dir(tmp_path / "B" / "checkpoints", 6))
+    assert state["step"] == 6 and [v["step"] for v in state["validations"]] == [2, 3, 4, 6]
+
+
+def test_crash_while_saving_keeps_the_previous_checkpoint(base, tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    cfg = make_config(base, run, "optim.max_steps=4", "output.save_every=2")
+    real_save = torch.save
+    calls = {"n": 0}
+
+    def crashing_save(obj, f, *args, **kwargs):
+        calls["n"] += 1
+        # Calls 1-4 write the step-2 checkpoint; the step-4 one dies halfway through a file.
+        if calls["n"] == 6:
+            Path(f).write_bytes(b"half a tensor")
+            raise RuntimeError("disk full")
+        return real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", crashing_save)
+    with pytest.raises(RuntimeError, match="disk full"):
+        train(cfg)
+    monkeypatch.setattr(torch, "save", real_save)
+    assert [p.name for p in ckpt.list_checkpoints(run / "checkpoints")] == ["step-0000002"]
+    assert ckpt.latest_checkpoint(run / "checkpoints").name == "step-0000002"
+    for name in ("model.pt", "optimizer.pt", "scheduler.pt", "rng-0.pt"):
+        load(run, 2, name)
+
+    result = train(cfg)
+    assert result.step == 4
+    assert "resuming from" in (run / "train.log").read_text(encoding="utf-8")
+    assert [r["step"] for r in read_metrics(run)] == [1, 2, 3, 4]
+    assert [p.name for p in ckpt.list_checkpoints(run / "checkpoints")] == ["step-0000002", "step-0000004"]
+    assert not list((run / "checkpoints").glob(".tmp-*"))
+
+
+def test_resume_refuses_a_different_config(base, tmp_path):
+    run = tmp_path / "run"
+    train(make_config(base, run, "optim.max_steps=2"))
+    with pytest.raises(QeebmError) as err:
+        train(make_config(base, run, "optim.max_steps=2", "optim.lr=0.01", "seed=8"))
+    assert "optim.lr" in str(err.value) and "seed" in str(err.value)
+    assert "max_steps" not in str(err.value)
+    # Settings that do not change the weights may differ.
+    result = train(make_config(base, run, "optim.max_steps=3", "logging.every=2", "output.keep_last=1", "eval.patience=3"))
+    assert result.step == 3
+
+
+def test_existing_checkpoints_without_resume_are_an_error(base, tmp_path):
+    run = tmp_path / "run"
+    train(make_config(base, run, "optim.max_steps=1"))
+    with pytest.raises(QeebmError, match="output.resume"):
+        train(make_config(base, run, "optim.max_steps=1", "output.resume=false"))
+
+
+def test_atomic_dir_leaves_the_old_directory_on_failure(tmp_path):
+    final = tmp_path / "best"
+    with ckpt.atomic_dir(final) as tmp:
+        (tmp / "a.txt").write_text("one")
+    with pytest.raises(ValueError):
+        with ckpt.atomic_dir(final) as tmp:
+            (tmp / "a.txt").write_text("two")
+            raise ValueError("interrupted")
+    assert (final / "a.txt").read_text() == "one"
+    with ckpt.atomic_dir(final) as tmp:
+        (tmp / "b.txt").write_text("three")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best"]
+    assert sorted(p.name for p in final.iterdir()) == ["b.txt"]
+
+
+def test_rng_state_round_trips_through_a_file(tmp_path):
+    torch.manual_seed(1), random.seed(1), np.random.seed(1)
+    np.random.normal()  # leaves a cached Gaussian in numpy's state
+    torch.save(ckpt.rng_state(), tmp_path / "rng.pt")
+    expected = (random.random(), np.random.normal(), torch.rand(3))
+    random.seed(2), np.random.seed(2), torch.manual_seed(2)
+    ckpt.set_rng_state(torch.load(tmp_path / "rng.pt", weights_only=True))
+    got = (random.random(), np.random.normal(), torch.rand(3))
+    assert got[:2] == expected[:2] and torch.equal(got[2], expected[2])
+    with ckpt.preserve_rng():
+        torch.rand(5), random.random(), np.random.rand()
+    after = (random.random(), torch.rand(1))
+    ckpt.set_rng_state(torch.load(tmp_path / "rng.pt", weights_only=True))
+    random.random(), np.random.normal(), torch.rand(3)
+    assert after[0] == random.random() and torch.equal(after[1], torch.rand(1))
