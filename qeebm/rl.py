@@ -1,0 +1,376 @@
+"""Policy-gradient pieces for the REINFORCE and PPO baselines: tensors in, a loss and detached
+statistics out. No model code lives here, so each piece can be checked against hand arithmetic.
+
+Shapes: B sequences, T target positions, V vocabulary; N sources with K samples each (B = N * K,
+the samples of one source adjacent, as ``Translator.generate_ids`` lays them out).
+
+Normalisation (docs/design.md): every loss is a SUM over this micro-batch's items divided by a
+caller-given ``normaliser``, the global number of tokens (or samples) in the optimiser step. The loop
+sums these contributions over micro-steps and processes, so the gradient is the full-batch mean's
+whatever the split. Leaving ``normaliser=None`` divides by the local count: a plain mean. Statistics
+follow the same rule, so the loop can add them up the same way.
+
+The defaults below are the published PPO setup (TRL's classic PPOTrainer defaults, which the
+QE-EBM paper used for its PPO baseline).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+# Published PPO setup (see ../shared/notes/method.md, "Baselines in the paper").
+INIT_KL_COEF = 0.2
+KL_TARGET = 6.0
+KL_HORIZON = 10_000
+GAMMA = 1.0
+LAM = 0.95
+CLIP = 0.2
+VALUE_CLIP = 0.2
+VALUE_COEF = 0.1  # the caller's weight on ppo_value_loss in pg_loss + VALUE_COEF * vf_loss
+
+REWARD_SCALINGS = ("none", "whiten", "max_abs")
+
+
+def _normaliser(normaliser: float | int | torch.Tensor | None, local_count: torch.Tensor | int) -> torch.Tensor | float:
+    # An empty micro-batch (e.g. every sample masked out) contributes 0, not NaN.
+    if normaliser is None:
+        if isinstance(local_count, torch.Tensor):
+            return local_count.clamp(min=1)
+        return max(int(local_count), 1)
+    return normaliser
+
+
+# ----------------------------------------------------------------------------------------------
+# Sequences
+
+
+def eos_mask(tokens: torch.Tensor, eos_id: int, pad_id: int, n_forced: int = 0) -> torch.Tensor:
+    """Which positions of ``tokens`` [B, T] belong to the translation: everything up to and including
+    the first ``eos_id``; for a row without one (cut off by ``max_new_tokens``) every non-pad token.
+    Returns a bool mask [B, T].
+
+    ``tokens`` are the emitted tokens without the decoder start (``generate_ids(...)[:, 1:]``, the
+    labels ``Translator.teacher_forcing`` builds). ``n_forced`` leading positions are dropped too:
+    the target-language code is forced at generation, not sampled, so it is no action of the policy.
+    """
+    is_eos = tokens == eos_id  # [B, T]
+    # Number of EOS strictly before each position: 0 up to and including the first EOS.
+    eos_before = is_eos.long().cumsum(dim=1) - is_eos.long()  # [B, T]
+    mask = (eos_before == 0) & ((tokens != pad_id) | is_eos)
+    if n_forced:
+        mask[:, :n_forced] = False
+    return mask
+
+
+def sequence_logprobs(
+    logits: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probabilities of ``tokens`` [B, T] under ``logits`` [B, T, V].
+
+    Returns ``token_logp`` [B, T] (exactly 0 where ``mask`` is 0) and ``seq_logp`` [B], their sum.
+    Masked positions contribute neither value nor gradient, so whatever the model predicts after EOS
+    or on padding (and whatever id sits there, -100 included) cannot leak into the loss.
+    """
+    mask = mask.bool()
+    # fp32 for the normaliser: a bf16 logsumexp over 256k entries loses the small differences that
+    # PPO ratios are made of.
+    logits = logits.float()
+    safe_tokens = tokens.masked_fill(~mask, 0)  # [B, T]; -100 labels would break gather
+    picked = logits.gather(-1, safe_tokens.unsqueeze(-1)).squeeze(-1)  # [B, T]
+    # gather - logsumexp rather than log_softmax: log_softmax keeps a second [B, T, V] tensor for
+    # backward, which at V = 256k is the largest activation of the step.
+    token_logp = picked - torch.logsumexp(logits, dim=-1)  # [B, T]
+    # where, not multiply: a -inf or NaN at a masked position times 0 would still be NaN.
+    token_logp = torch.where(mask, token_logp, torch.zeros_like(token_logp))
+    return token_logp, token_logp.sum(dim=1)
+
+
+# ----------------------------------------------------------------------------------------------
+# REINFORCE
+
+
+class RunningMeanBaseline:
+    """The published REINFORCE baseline: the mean of every reward seen in earlier steps.
+
+    Call it for this step's baseline, then ``update`` with this step's rewards, so a sample never
+    sits in its own baseline. Before any update there is no past; the batch's own mean is used
+    then, so the very first step is not all-positive (Kiwi scores are mostly > 0).
+
+    Every process must hold the same baseline: pass ``update`` the rewards of the whole optimiser
+    step (gathered over processes and micro-steps), or the sum and count of them. The state is a
+    float64 sum and an integer count, so a resumed run continues bit-for-bit.
+    """
+
+    def __init__(self) -> None:
+        self.total = 0.0
+        self.count = 0
+
+    @property
+    def value(self) -> float | None:
+        return self.total / self.count if self.count else None
+
+    def __call__(self, rewards: torch.Tensor) -> torch.Tensor:
+        """Baseline for ``rewards`` (any shape), same shape and dtype."""
+        if self.count == 0:
+            return torch.full_like(rewards, rewards.float().mean().item())
+        return torch.full_like(rewards, self.value)
+
+    def update(
+        self, rewards: torch.Tensor | None = None, *, total: float | None = None, count: int | None = None
+    ) -> None:
+        if rewards is not None:
+            total, count = rewards.detach().double().sum().item(), rewards.numel()
+        if total is None or count is None:
+            raise ValueError("update needs rewards, or both total and count")
+        self.total += float(total)
+        self.count += int(count)
+
+    def state_dict(self) -> dict:
+        return {"total": self.total, "count": self.count}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.total = float(state["total"])
+        self.count = int(state["count"])
+
+
+def rloo_baseline(rewards: torch.Tensor) -> torch.Tensor:
+    """Leave-one-out baseline [N, K]: for sample k of source n, the mean reward of the other K-1
+    samples of that source (Kool et al. 2019), which keeps the estimator unbiased."""
+    if rewards.dim() != 2:
+        raise ValueError(f"rloo_baseline expects rewards [N, K], got shape {tuple(rewards.shape)}")
+    k = rewards.shape[1]
+    if k < 2:
+        raise ValueError("RLOO needs at least 2 samples per source (K >= 2)")
+    return (rewards.sum(dim=1, keepdim=True) - rewards) / (k - 1)
+
+
+def normalise_rewards(
+    rewards: torch.Tensor, baseline: torch.Tensor | float | None = None, scaling: str = "none", eps: float = 1e-8
+) -> torch.Tensor:
+    """Advantages from rewards [B] (or [N, K]): ``rewards - baseline``, then scaled.
+
+    ``scaling``:
+      - "none": the centred rewards as they are;
+      - "whiten": zero mean, unit variance over the batch (this re-centres on the batch mean, so a
+        baseline makes no difference here);
+      - "max_abs": the published "centred reward scaled to [-1, 1]". The paper does not say how it
+        scales; dividing by the batch's largest |centred reward| is the reading that lands in
+        [-1, 1] and keeps both the sign (better or worse than the baseline) and the ratios.
+
+    The statistics are over the tensor passed in: give it the whole step's rewards (gathered over
+    processes) if a result should not depend on how the step was split.
+    """
+    if scaling not in REWARD_SCALINGS:
+        raise ValueError(f"unknown reward scaling {scaling!r}; expected one of {', '.join(REWARD_SCALINGS)}")
+    adv = rewards.detach().float()
+    if baseline is not None:
+        adv = adv - baseline
+    if scaling == "whiten":
+        return whiten(adv, eps=eps)
+    if scaling == "max_abs":
+        return adv / adv.abs().max().clamp(min=eps)
+    return adv
+
+
+def policy_gradient_loss(
+    seq_logp: torch.Tensor, advantages: torch.Tensor, normaliser: float | int | torch.Tensor | None = None
+) -> torch.Tensor:
+    """REINFORCE: -sum_b A_b * log p(y_b | x_b) / normaliser. seq_logp [B] carries the graph;
+    advantages [B] are detached so the reward never receives gradient."""
+    total = -(advantages.detach().to(seq_logp.dtype) * seq_logp).sum()
+    return total / _normaliser(normaliser, seq_logp.numel())
+
+
+# ----------------------------------------------------------------------------------------------
+# PPO (seq2seq, one action per target token)
+
+
+def masked_moments(x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """[sum, sum of squares, count] of the valid entries of ``x``, as one float64 tensor [3]. Summing
+    these over processes (all_reduce) before ``whiten`` gives statistics of the whole step."""
+    x = x.detach().double()
+    m = torch.ones_like(x) if mask is None else mask.to(x.dtype)
+    return torch.stack([(x * m).sum(), (x * x * m).sum(), m.sum()])
+
+
+def whiten(
+    x: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    shift_mean: bool = True,
+    moments: torch.Tensor | None = None,
+    eps: float = 1e-8,
+) -> torch.Tensor:
+    """(x - mean) / std over the valid entries (unbiased variance, as TRL's classic PPO). With
+    ``shift_mean=False`` the mean is added back (only the scale changes, e.g. for rewards). Masked
+    entries come out 0. ``moments`` (from ``masked_moments``, possibly all-reduced) replace the local
+    statistics."""
+    if moments is None:
+        moments = masked_moments(x, mask)
+    total, total_sq, n = moments.tolist()
+    if n == 0:
+        return torch.zeros_like(x)
+    mean = total / n
+    # Bessel's correction n/(n-1); one valid entry has no spread to correct.
+    var = max(total_sq / n - mean * mean, 0.0) * (n / (n - 1) if n > 1 else 1.0)
+    out = (x - mean) / math.sqrt(var + eps)
+    if not shift_mean:
+        out = out + mean
+    if mask is not None:
+        out = torch.where(mask.bool(), out, torch.zeros_like(out))
+    return out
+
+
+def sequence_kl(logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Per-sequence KL to the reference [B]: the k1 estimate sum_t (logp_t - ref_logp_t) over valid
+    tokens of sampled sequences. Its batch mean is what ``AdaptiveKLController.update`` takes."""
+    diff = (logp - ref_logp).detach()
+    return torch.where(mask.bool(), diff, torch.zeros_like(diff)).sum(dim=1)
+
+
+def per_token_rewards(
+    score: torch.Tensor, logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor, kl_coef: float
+) -> torch.Tensor:
+    """PPO rewards [B, T]: -kl_coef * (logp_t - ref_logp_t) at every valid token, plus the sequence
+    score [B] at the last valid token; 0 on masked positions.
+
+    The KL term is the k1 estimator (log-ratio of the sampled token), as TRL's classic PPO: unbiased
+    for KL(policy || ref) in expectation over samples, though single tokens can be negative.
+    A row with no valid token gets no score.
+    """
+    mask = mask.bool()
+    kl = (logp - ref_logp).detach()  # [B, T]
+    rewards = torch.where(mask, -kl_coef * kl, torch.zeros_like(kl))
+    t = mask.shape[1]
+    positions = torch.arange(t, device=mask.device).expand_as(mask)  # [B, T]
+    last = torch.where(mask, positions, torch.full_like(positions, -1)).max(dim=1).values  # [B]
+    has_any = last >= 0
+    rows = torch.arange(mask.shape[0], device=mask.device)[has_any]
+    rewards[rows, last[has_any]] += score.detach().to(rewards.dtype)[has_any]
+    return rewards
+
+
+def gae(
+    rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = GAMMA, lam: float = LAM
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation (Schulman et al. 2016) over target tokens.
+
+    rewards, values, mask: [B, T]. Returns advantages and returns [B, T] (returns = advantages +
+    values), both 0 where ``mask`` is 0. Masked positions are skipped, not treated as steps: after
+    the last valid token the next value is 0 (the episode ended), and a masked position in front of
+    or between valid ones (e.g. the forced language code) passes the recursion through unchanged.
+    """
+    mask = mask.bool()
+    rewards = rewards.detach().float()
+    values = values.detach().float()
+    b, t = rewards.shape
+    advantages = torch.zeros_like(rewards)
+    next_value = torch.zeros(b, device=rewards.device)  # V of the next valid position, 0 past the end
+    next_adv = torch.zeros(b, device=rewards.device)
+    for i in reversed(range(t)):
+        m = mask[:, i]
+        delta = rewards[:, i] + gamma * next_value - values[:, i]  # TD error
+        adv = delta + gamma * lam * next_adv
+        advantages[:, i] = torch.where(m, adv, torch.zeros_like(adv))
+        next_value = torch.where(m, values[:, i], next_value)
+        next_adv = torch.where(m, adv, next_adv)
+    returns = torch.where(mask, advantages + values, torch.zeros_like(values))
+    return advantages, returns
+
+
+def ppo_policy_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip: float = CLIP,
+    normaliser: float | int | torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Clipped surrogate (Schulman et al. 2017), per token.
+
+    logp (with graph), old_logp, advantages, mask: [B, T]. Loss = sum over valid tokens of
+    max(-A * r, -A * clip(r, 1 - clip, 1 + clip)) / normaliser, r = exp(logp - old_logp).
+    Stats (detached, same normalisation): ``clipfrac`` (share of tokens where the clipped term won),
+    ``approx_kl`` (k3 estimate (r - 1) - log r of KL(old || new), as cleanrl: never negative),
+    ``ratio_mean``.
+    """
+    m = mask.to(logp.dtype)
+    log_ratio = logp - old_logp.detach()
+    ratio = torch.exp(log_ratio)  # [B, T]
+    adv = advantages.detach().to(logp.dtype)
+    unclipped = -adv * ratio
+    clipped = -adv * torch.clamp(ratio, 1.0 - clip, 1.0 + clip)
+    norm = _normaliser(normaliser, m.sum())
+    loss = (torch.maximum(unclipped, clipped) * m).sum() / norm
+    with torch.no_grad():
+        stats = {
+            "clipfrac": ((clipped > unclipped).to(m.dtype) * m).sum() / norm,
+            "approx_kl": (((ratio - 1) - log_ratio) * m).sum() / norm,
+            "ratio_mean": (ratio * m).sum() / norm,
+        }
+    return loss, stats
+
+
+def ppo_value_loss(
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    mask: torch.Tensor,
+    clip: float = VALUE_CLIP,
+    normaliser: float | int | torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Clipped value loss of classic PPO: 0.5 * max((V - R)^2, (V_clip - R)^2) summed over valid
+    tokens / normaliser, with V_clip = old_V + clip(V - old_V, -clip, clip). values [B, T] carry
+    the graph. Stat ``vf_clipfrac``: share of tokens where the clipped term won."""
+    m = mask.to(values.dtype)
+    old_values = old_values.detach().to(values.dtype)
+    returns = returns.detach().to(values.dtype)
+    v_clipped = old_values + torch.clamp(values - old_values, -clip, clip)
+    loss_unclipped = (values - returns) ** 2
+    loss_clipped = (v_clipped - returns) ** 2
+    norm = _normaliser(normaliser, m.sum())
+    loss = 0.5 * (torch.maximum(loss_unclipped, loss_clipped) * m).sum() / norm
+    with torch.no_grad():
+        stats = {"vf_clipfrac": ((loss_clipped > loss_unclipped).to(m.dtype) * m).sum() / norm}
+    return loss, stats
+
+
+class AdaptiveKLController:
+    """Proportional KL controller of Ziegler et al. 2019 ("Fine-Tuning Language Models from Human
+    Preferences", eq. 2): e = clip(KL / target - 1, -0.2, 0.2); beta <- beta * (1 + e * n_steps /
+    horizon). ``current_kl`` is the batch mean of ``sequence_kl``; ``n_steps`` the number of
+    sequences in that batch (what TRL's classic PPO passes)."""
+
+    def __init__(self, init_kl_coef: float = INIT_KL_COEF, target: float = KL_TARGET, horizon: int = KL_HORIZON):
+        self.value = float(init_kl_coef)
+        self.target = float(target)
+        self.horizon = int(horizon)
+
+    def update(self, current_kl: float, n_steps: int) -> float:
+        error = min(max(float(current_kl) / self.target - 1.0, -0.2), 0.2)
+        self.value *= 1.0 + error * n_steps / self.horizon
+        return self.value
+
+    def state_dict(self) -> dict:
+        # target and horizon come from the config, so a resumed run may change them on purpose.
+        return {"value": self.value}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.value = float(state["value"])
+
+
+class FixedKLController:
+    """A constant KL coefficient; ``update`` does nothing."""
+
+    def __init__(self, kl_coef: float = INIT_KL_COEF):
+        self.value = float(kl_coef)
+
+    def update(self, current_kl: float, n_steps: int) -> float:
+        return self.value
+
+    def state_dict(self) -> dict:
+        return {"value": self.value}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.value = float(state["value"])
