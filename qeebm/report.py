@@ -1,0 +1,362 @@
+"""The evaluation report: one JSON file per evaluated system and split (``<run>/eval/<split>.json``).
+
+A report keeps the per-segment rows, not just corpus numbers, so ``scripts/compare.py`` can bootstrap
+any metric by resampling rows (see ../shared/notes/style.md, the sacrebleu paragraph)::
+
+    {"format": "qeebm-eval/1",
+     "system": "qe-ebm-static",          # table row; several seeds of one system share it
+     "seed": 231,                        # int, or null for an untrained model
+     "config_id": "3f2a...",             # config_id() of the training config: equal across seeds
+     "model": "...", "decoding": {...},  # free-form provenance
+     "data": {"path": "...", "sha256": "..."},            # sha256 is required: compare refuses mixed test sets
+     "versions": {"qeebm": ..., "sacrebleu": ..., "comet": ..., "torch": ...},
+     "corpus": {"bleu": 23.4, "chrf": 51.2, "ter": 60.1, "comet": 0.81, ...},
+     "signatures": {"bleu": "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0", ...},
+     "segments": {"src": [...], "ref": [...], "hyp": [...],               # ref and hyp are required
+                  "comet": [...], "kiwi": [...], "judge": [...]},        # any other key: one number per segment
+     "trained_on": "kiwi",              # the QE the system was optimised against, or null
+     "heldout": ["judge", "comet"]}     # judges it never saw in training
+
+BLEU, chrF++ and TER are not stored per segment: they are recomputed from ``hyp``/``ref`` as
+sacrebleu's additive sufficient statistics (``segment_stats``), with the options read back from the
+report's signature. A neural metric is the same thing with the statistics ``[score, 1]``, so one
+resampling routine serves both kinds and a resampled corpus score equals the score of the resampled
+corpus exactly.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import math
+import os
+import tempfile
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from qeebm.errors import QeebmError
+
+FORMAT = "qeebm-eval/1"
+SACREBLEU_METRICS = ("bleu", "chrf", "ter")
+TEXT_KEYS = ("src", "ref", "hyp")
+# Metrics where a smaller number is better; every other metric is higher-is-better.
+LOWER_IS_BETTER = frozenset({"ter"})
+
+
+# ----------------------------------------------------------------------------------------------
+# sacrebleu metrics rebuilt from their signatures
+
+
+def _yes(value: str) -> bool:
+    if value not in ("yes", "no"):
+        raise ValueError(f"'{value}' is not yes/no")
+    return value == "yes"
+
+
+def _bleu_args(info: dict[str, str]) -> dict:
+    smooth = info.pop("smooth", "exp")
+    method, _, value = smooth.partition("[")  # "floor[0.10]" carries its value
+    return {
+        "lowercase": info.pop("case", "mixed") == "lc",
+        "effective_order": _yes(info.pop("eff", "no")),
+        "tokenize": info.pop("tok", "13a"),
+        "smooth_method": method,
+        "smooth_value": float(value.rstrip("]")) if value else None,
+    }
+
+
+def _chrf_args(info: dict[str, str]) -> dict:
+    return {
+        "lowercase": info.pop("case", "mixed") == "lc",
+        # sacrebleu writes eff:yes for its default (effective-order) smoothing, eff:no for eps smoothing
+        "eps_smoothing": not _yes(info.pop("eff", "yes")),
+        "char_order": int(info.pop("nc", "6")),
+        "word_order": int(info.pop("nw", "2")),  # chrF++ unless the signature says otherwise
+        "whitespace": _yes(info.pop("space", "no")),
+    }
+
+
+def _ter_args(info: dict[str, str]) -> dict:
+    if info.pop("tok", "tercom") != "tercom":
+        raise ValueError("sacrebleu's TER has only the tercom tokeniser")
+    return {
+        "case_sensitive": info.pop("case", "lc") == "mixed",
+        "normalized": _yes(info.pop("norm", "no")),
+        "no_punct": not _yes(info.pop("punct", "yes")),
+        "asian_support": _yes(info.pop("asian", "no")),
+    }
+
+
+@functools.lru_cache(maxsize=None)
+def make_metric(name: str, signature: str | None = None):
+    """The sacrebleu metric object for ``name`` ('bleu', 'chrf' = chrF++, 'ter') with the options in
+    ``signature`` (sacrebleu's long form, as ``metric.get_signature().format()`` writes it), or
+    sacrebleu's defaults (chrF with word order 2) without one. The version field is ignored:
+    the installed sacrebleu does the scoring and its version goes into compare's signature."""
+    from sacrebleu.metrics import BLEU, CHRF, TER
+
+    builders = {"bleu": (BLEU, _bleu_args), "chrf": (CHRF, _chrf_args), "ter": (TER, _ter_args)}
+    if name not in builders:
+        raise QeebmError(f"'{name}' is not a sacrebleu metric (expected one of {', '.join(SACREBLEU_METRICS)})")
+    cls, parse = builders[name]
+    try:
+        info = dict(part.split(":", 1) for part in (signature or "").split("|") if part)
+    except ValueError:
+        raise QeebmError(f"{name} signature '{signature}' is not of the form key:value|key:value") from None
+    info.pop("version", None)
+    nrefs = info.pop("nrefs", "1")
+    if nrefs != "1":
+        raise QeebmError(f"{name} signature '{signature}': reports hold one reference per segment, not nrefs:{nrefs}")
+    try:
+        kwargs = parse(info)
+    except ValueError as err:
+        raise QeebmError(f"{name} signature '{signature}': cannot parse it ({err})") from None
+    if info:
+        raise QeebmError(f"{name} signature '{signature}': cannot rebuild the metric from key(s) {', '.join(sorted(info))}")
+    return cls(**kwargs)
+
+
+def metric_signature(name: str, signature: str | None = None) -> str:
+    """The signature of the metric compare actually uses (installed sacrebleu version)."""
+    metric = make_metric(name, signature)
+    if name == "ter":
+        # TER's signature needs num_refs, which sacrebleu only learns while scoring
+        metric.corpus_score(["a"], [["a"]])
+    else:
+        metric.num_refs = 1
+    return metric.get_signature().format()
+
+
+def segment_stats(metric_name: str, hyps: Sequence[str], refs: Sequence[str], signature: str | None = None) -> np.ndarray:
+    """Per-segment sufficient statistics ``[N, D]`` (float64, integer-valued for BLEU and chrF++).
+    Summing any multiset of rows and calling ``corpus_from_stats`` gives sacrebleu's corpus score
+    of exactly those segments."""
+    if len(hyps) != len(refs):
+        raise QeebmError(f"{len(hyps)} hypotheses for {len(refs)} references")
+    metric = make_metric(metric_name, signature)
+    # Metric._extract_corpus_statistics: tokenise once, one additive row per segment
+    rows = metric._extract_corpus_statistics(list(hyps), [list(refs)])
+    return np.asarray(rows, dtype=np.float64).reshape(len(hyps), -1)
+
+
+def corpus_from_stats(metric_name: str, stats, signature: str | None = None) -> float:
+    """Corpus score from statistics: rows ``[N, D]`` are summed first, a vector ``[D]`` is taken as
+    already summed. For a neural metric the statistics are ``[score, 1]`` per segment."""
+    stats = np.asarray(stats, dtype=np.float64)
+    total = stats.sum(axis=0) if stats.ndim == 2 else stats
+    if metric_name not in SACREBLEU_METRICS:
+        return float(total[0] / total[1])
+    # sacrebleu mutates and compares these lists element-wise, so hand it plain Python numbers;
+    # BLEU and chrF++ counts are integers and TER's are floats, as its own extraction makes them.
+    if metric_name == "ter":
+        values = [float(x) for x in total]
+    else:
+        values = [int(round(x)) for x in total]
+    return float(make_metric(metric_name, signature)._compute_score_from_stats(values).score)
+
+
+def corpus_from_sums(metric_name: str, sums: np.ndarray, signature: str | None = None) -> np.ndarray:
+    """``corpus_from_stats`` for each row of already-summed statistics ``[R, D]`` -> ``[R]``."""
+    if metric_name not in SACREBLEU_METRICS:
+        return sums[:, 0] / sums[:, 1]
+    return np.array([corpus_from_stats(metric_name, row, signature) for row in sums])
+
+
+def mean_stats(scores: Sequence[float]) -> np.ndarray:
+    """A segment-averaged metric (COMET and friends) as additive statistics ``[N, 2]``."""
+    scores = np.asarray(scores, dtype=np.float64)
+    return np.stack([scores, np.ones_like(scores)], axis=1)
+
+
+# ----------------------------------------------------------------------------------------------
+# Reading, writing, validating
+
+
+def _fail(where: Any, message: str):
+    raise QeebmError(f"{where}: {message}")
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def validate_report(report: Any, where: Any = "report") -> dict:
+    """Check the structure described in the module docstring; return the report unchanged.
+    Raises a one-line ``QeebmError`` naming ``where`` and the first missing or bad key."""
+    if not isinstance(report, dict):
+        _fail(where, f"expected a JSON object, found {type(report).__name__}")
+    for key in ("format", "system", "seed", "data", "segments"):
+        if key not in report:
+            _fail(where, f"missing key '{key}'")
+    if report["format"] != FORMAT:
+        _fail(where, f"key 'format' is {report['format']!r}, expected '{FORMAT}'")
+    if not isinstance(report["system"], str) or not report["system"].strip():
+        _fail(where, "key 'system' must be a non-empty string")
+    seed = report["seed"]
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+        _fail(where, f"key 'seed' must be an integer or null, found {seed!r}")
+    if report.get("config_id") is not None and not isinstance(report["config_id"], str):
+        _fail(where, "key 'config_id' must be a string or null")
+    data = report["data"]
+    if not isinstance(data, dict):
+        _fail(where, "key 'data' must be an object")
+    if not isinstance(data.get("sha256"), str) or not data["sha256"]:
+        _fail(where, "missing key 'data.sha256'")
+
+    segments = report["segments"]
+    if not isinstance(segments, dict):
+        _fail(where, "key 'segments' must be an object")
+    for key in ("ref", "hyp"):
+        if key not in segments:
+            _fail(where, f"missing key 'segments.{key}'")
+    n = len(segments["hyp"]) if isinstance(segments["hyp"], list) else -1
+    if n <= 0:
+        _fail(where, "key 'segments.hyp' must be a non-empty list")
+    for key, values in segments.items():
+        if not isinstance(values, list):
+            _fail(where, f"key 'segments.{key}' must be a list")
+        if len(values) != n:
+            _fail(where, f"key 'segments.{key}' has {len(values)} values for {n} hypotheses")
+        if key in TEXT_KEYS:
+            bad = next((i for i, v in enumerate(values) if not isinstance(v, str)), None)
+            if bad is not None:
+                _fail(where, f"key 'segments.{key}' item {bad} is not a string")
+        else:
+            bad = next((i for i, v in enumerate(values) if not _is_number(v)), None)
+            if bad is not None:
+                _fail(where, f"key 'segments.{key}' item {bad} is {values[bad]!r}, not a finite number")
+
+    for key in ("corpus", "signatures", "versions", "decoding"):
+        if key in report and not isinstance(report[key], dict):
+            _fail(where, f"key '{key}' must be an object")
+    for key, value in report.get("corpus", {}).items():
+        if not _is_number(value):
+            _fail(where, f"key 'corpus.{key}' is {value!r}, not a finite number")
+    for key, value in report.get("signatures", {}).items():
+        if not isinstance(value, str):
+            _fail(where, f"key 'signatures.{key}' must be a string")
+    trained_on = report.get("trained_on")
+    if trained_on is not None and not isinstance(trained_on, str):
+        _fail(where, "key 'trained_on' must be a metric name or null")
+    heldout = report.get("heldout", [])
+    if not isinstance(heldout, list) or not all(isinstance(h, str) for h in heldout):
+        _fail(where, "key 'heldout' must be a list of metric names")
+    return report
+
+
+def read_report(path) -> dict:
+    """Load and validate one report; every failure is a one-line ``QeebmError`` naming the file."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise QeebmError(f"{path}: no such evaluation report") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise QeebmError(f"{path}: cannot read ({err})") from None
+    try:
+        report = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise QeebmError(f"{path}: not valid JSON ({err})") from None
+    return validate_report(report, path)
+
+
+def write_report(path, report: dict) -> Path:
+    """Validate and write atomically: a reader sees the old file or the new one, never half of one."""
+    path = Path(path)
+    validate_report(report, path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # allow_nan=False: a NaN score must fail here, not in a later json.loads elsewhere
+    text = json.dumps(report, ensure_ascii=False, indent=1, allow_nan=False) + "\n"
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".tmp-{path.name}.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+# ----------------------------------------------------------------------------------------------
+# Building a report (for `qeebm evaluate`)
+
+
+def config_id(config: dict, ignore: Sequence[str] = ("seed", "output", "logging")) -> str:
+    """A short hash of a training config with the top-level keys that differ between seeds of one
+    experiment (the seed, where it is written, how it is logged) left out."""
+    kept = {k: v for k, v in config.items() if k not in ignore}
+    blob = json.dumps(kept, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def file_sha256(path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def build_report(
+    *,
+    system: str,
+    seed: int | None,
+    config_id: str | None,
+    hyp: Sequence[str],
+    ref: Sequence[str],
+    data_sha256: str,
+    src: Sequence[str] | None = None,
+    scores: dict[str, Sequence[float]] | None = None,
+    data_path: str | None = None,
+    model: str | None = None,
+    decoding: dict | None = None,
+    trained_on: str | None = None,
+    heldout: Sequence[str] = (),
+    signatures: dict[str, str] | None = None,
+) -> dict:
+    """A validated report with corpus BLEU/chrF++/TER and the mean of every neural score filled in.
+    ``scores`` maps a metric name ('comet', 'kiwi', 'xcomet', 'judge') to one number per segment;
+    ``signatures`` overrides sacrebleu's default options (e.g. a different BLEU tokeniser)."""
+    signatures = dict(signatures or {})
+    segments: dict[str, list] = {}
+    if src is not None:
+        segments["src"] = list(src)
+    segments["ref"], segments["hyp"] = list(ref), list(hyp)
+    corpus = {}
+    for name in SACREBLEU_METRICS:
+        corpus[name] = corpus_from_stats(name, segment_stats(name, hyp, ref, signatures.get(name)), signatures.get(name))
+        signatures[name] = metric_signature(name, signatures.get(name))
+    for name, values in (scores or {}).items():
+        segments[name] = [float(v) for v in values]
+        corpus[name] = float(np.mean(segments[name])) if segments[name] else float("nan")
+    versions = {dist: _version(dist) for dist in ("qeebm", "sacrebleu", "unbabel-comet", "torch", "transformers")}
+    report = {
+        "format": FORMAT,
+        "system": system,
+        "seed": seed,
+        "config_id": config_id,
+        "model": model,
+        "decoding": dict(decoding or {}),
+        "data": {"path": data_path, "sha256": data_sha256},
+        "versions": {("comet" if k == "unbabel-comet" else k): v for k, v in versions.items()},
+        "corpus": corpus,
+        "signatures": signatures,
+        "segments": segments,
+        "trained_on": trained_on,
+        "heldout": list(heldout),
+    }
+    return validate_report(report)
