@@ -5,3 +5,16 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def micro_world(tmp_path_factory) -> Path:
+    """A seconds-long tiny-world build (``--size micro``), shared by the tests that need a whole world."""
+    from qeebm.tinyworld.build import build
+
+    return build(tmp_path_factory.mktemp("world") / "tinyworld", seed=0, size="micro")

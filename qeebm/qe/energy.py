@@ -1,0 +1,187 @@
+"""QE-EBM's energy: E(x, y) = -CometKiwi(x, y), differentiable in the translator's output distributions.
+
+comet's own forward takes token ids only, so the energy replays it piece by piece (see
+comet/models/multitask/unified_metric.py, ``UnifiedMetric.forward``):
+
+1. tokenise src and mt as ``encoder.prepare_sample`` does (each segment truncated to
+   ``max_length = max_positions - 2`` including ``<s>``/``</s>``);
+2. concatenate as ``encoder.concat_sequences`` does: ``<s> mt </s></s> src </s>`` (mt first), then cut
+   to ``max_positions`` (the cut can drop the source's tail and the final ``</s>``);
+3. run the XLM-R model on ``inputs_embeds`` (the bridge adds the straight-through shift to the mt
+   positions), with comet's attention mask and the position ids token ids would have produced;
+4. mix all hidden states with the layer-wise attention (or take ``sent_layer``), take position 0,
+   apply the estimator (its final activation included) and flatten: that is comet's score.
+
+The value is exactly ``model.predict`` on the decoded translation (``relaxation="st"``); only the
+backward pass differs from a plain lookup (see ``qeebm/qe/bridge.py``).
+
+With a ``qeebm.translator.Translator``::
+
+    seqs = translator.generate_ids(input_ids, attention_mask, gen, k)      # [B*k, 1 + T]
+    tf = translator.teacher_forcing(seqs)
+    logits = translator.model(input_ids=..., attention_mask=...,           # repeated k times
+                              decoder_input_ids=tf["decoder_input_ids"]).logits
+    energy = kiwi_energy(src, seqs[:, 1:], tf["labels"] != -100, logits)    # [B*k]
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from qeebm.qe.bridge import Alignment, Bridge
+
+RELAXATIONS = ("st", "softmax", "gumbel-st")
+
+
+class KiwiEnergy(nn.Module):
+    """Energy ``-score`` of a CometKiwi-style ``UnifiedMetric`` (input segments ``[mt, src]``).
+
+    Args:
+        comet_model: a loaded ``comet.models.UnifiedMetric`` (e.g. ``qeebm.qe.models.load_qe``).
+        bridge: ``Bridge(translator.tokenizer, comet_model.encoder.tokenizer, vocab_size=V_nmt)``.
+        freeze: QE-static (default): every QE parameter gets ``requires_grad=False`` and the QE stays in
+            eval mode whatever ``.train()`` is called with (comet's layer-wise attention drops whole
+            layers in train mode). With ``freeze=False`` the caller decides what trains; gradients
+            reach exactly the QE parameters that require grad.
+    """
+
+    def __init__(self, comet_model, bridge: Bridge, freeze: bool = True):
+        super().__init__()
+        segments = list(getattr(comet_model.hparams, "input_segments", []))
+        if segments != ["mt", "src"]:
+            raise ValueError(f"KiwiEnergy needs a reference-free UnifiedMetric with input_segments "
+                             f"[mt, src]; got {segments}")
+        self.qe = comet_model
+        self.bridge = bridge
+        self.frozen = freeze
+        if freeze:
+            self.qe.requires_grad_(False)
+            self.qe.eval()
+        self.last_alignment: Alignment | None = None
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        if self.frozen:
+            self.qe.eval()
+        return self
+
+    @property
+    def tokenizer(self):
+        return self.qe.encoder.tokenizer
+
+    @property
+    def max_positions(self) -> int:
+        return self.qe.encoder.max_positions
+
+    # ---------------------------------------------------------------------------- the energy
+    def forward(self, src: list[str], mt_ids: Tensor, mt_mask: Tensor, logits: Tensor,
+                relaxation: str = "st", tau: float = 1.0, generator: torch.Generator | None = None) -> Tensor:
+        """Energy ``[B]`` (= -QE score) of each translation.
+
+        src:     B source strings.
+        mt_ids:  ``[B, T]`` the tokens the translator actually emitted (translator vocabulary, padded);
+                 ``mt_ids[b, t]`` was drawn from ``softmax(logits[b, t])``. Language codes, ``</s>``
+                 and padding may appear: special tokens never reach the QE.
+        mt_mask: ``[B, T]`` 1 for emitted steps, 0 for padding.
+        logits:  ``[B, T, V_nmt]`` the translator's teacher-forced logits for those steps.
+        relaxation:
+            "st" (default): the forward pass scores the one-hot of the emitted token (the exact QE
+                score of the decoded text); the backward pass is the identity onto softmax(logits).
+            "softmax": the forward pass scores the expected embedding: at QE position j,
+                ``E_qe[q_j] + sum_t w_jt (p_t - onehot(y_t)) @ B``, which is ``p_t @ E_qe`` where the
+                segmentations agree (mBART); smooth in the logits.
+            "gumbel-st": straight-through Gumbel-softmax. At every content step (masked in, emitted
+                token not special) the forward token is ``argmax_v(logits[t, v] + g[t, v])`` with
+                ``g ~ Gumbel(0, 1)`` i.i.d., i.e. a fresh per-step sample from softmax(logits) given the
+                emitted prefix (it may differ from ``mt_ids``; a sampled special token drops out of the
+                text). The forward value is the exact QE score of the decoded resampled tokens; the
+                backward pass is the identity onto ``softmax((logits + g) / tau)``. Non-content steps
+                keep their emitted token.
+        tau:     temperature of "gumbel-st" (ignored otherwise).
+        generator: optional RNG for the Gumbel noise.
+        """
+        if relaxation not in RELAXATIONS:
+            raise ValueError(f"relaxation must be one of {RELAXATIONS}, got {relaxation!r}")
+        if mt_ids.shape != mt_mask.shape or logits.shape[:2] != mt_ids.shape:
+            raise ValueError(f"shape mismatch: mt_ids {tuple(mt_ids.shape)}, mt_mask {tuple(mt_mask.shape)}, "
+                             f"logits {tuple(logits.shape)}")
+        if len(src) != mt_ids.shape[0]:
+            raise ValueError(f"{len(src)} sources for {mt_ids.shape[0]} translations")
+        probs, forward_ids = self._relax(logits, mt_ids, mt_mask, relaxation, tau, generator)
+        alignment = self.bridge.align(forward_ids, mt_mask, self.max_positions - 2)
+        self.last_alignment = alignment
+        return -self._score(src, alignment, probs=probs, forward_ids=forward_ids, relaxation=relaxation)
+
+    @torch.no_grad()
+    def score_ids(self, src: list[str], mt_ids: Tensor, mt_mask: Tensor) -> Tensor:
+        """QE scores ``[B]`` (not energies) of the decoded translations, without gradients; equal to
+        comet's ``predict`` on ``translator.tokenizer.decode(mt_ids, skip_special_tokens=True)``."""
+        alignment = self.bridge.align(mt_ids, mt_mask, self.max_positions - 2)
+        return self._score(src, alignment)
+
+    # ------------------------------------------------------------------------------ internals
+    def _relax(self, logits, mt_ids, mt_mask, relaxation, tau, generator):
+        if relaxation == "gumbel-st":
+            # -log(Exp(1)) ~ Gumbel(0, 1); an exact 0 draw (one in 2^24 in float32, so a few per
+            # batch at a 256k vocabulary) would give an infinite logit and a NaN softmax.
+            exp = torch.empty_like(logits).exponential_(generator=generator)
+            gumbel = -exp.clamp_min(torch.finfo(exp.dtype).tiny).log()
+            perturbed = logits + gumbel
+            content = self.bridge.content_mask(mt_ids, mt_mask)
+            forward_ids = torch.where(content, perturbed.detach().argmax(-1), mt_ids)
+            return F.softmax(perturbed / tau, dim=-1), forward_ids
+        return F.softmax(logits, dim=-1), mt_ids
+
+    def _score(self, src: list[str], alignment: Alignment, probs: Tensor | None = None,
+               forward_ids: Tensor | None = None, relaxation: str = "st") -> Tensor:
+        tok = self.tokenizer
+        max_positions = self.max_positions
+        encoder = self.qe.encoder.model
+        weight = encoder.embeddings.word_embeddings.weight  # [V_qe, H]
+        device = weight.device
+
+        # comet: encoder.prepare_sample(src), then concat_sequences drops <s>/</s> and padding.
+        src_ids = tok(list(src), truncation=True, max_length=max_positions - 2)["input_ids"]
+        pad = tok.pad_token_id
+        seqs = []
+        for mt, s in zip(alignment.qe_ids, src_ids):
+            s = [i for i in s if i != pad]  # a literal "<pad>" in the text is dropped, as comet does
+            seq = tok.build_inputs_with_special_tokens(mt, s[1:-1])
+            # comet cuts to max_positions only when the content exceeds max_positions - 5; shorter
+            # content gives at most max_positions - 1 tokens with the four specials, so an
+            # unconditional cut is the same rule.
+            seqs.append(seq[:max_positions])
+        length = max(len(s) for s in seqs)
+        ids = torch.full((len(seqs), length), tok.pad_token_id, dtype=torch.long)
+        for b, seq in enumerate(seqs):
+            ids[b, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+        lengths = torch.tensor([len(s) for s in seqs])
+        mask = torch.arange(length)[None, :] < lengths[:, None]  # comet's bool mask
+        ids, mask = ids.to(device), mask.to(device)
+        # The position ids XLM-R derives from token ids (pads keep padding_idx); with inputs_embeds it
+        # would number the pads too.
+        pad_idx = encoder.embeddings.padding_idx
+        position_ids = (torch.cumsum(mask.long(), dim=1) * mask.long() + pad_idx).long()
+
+        embeds = F.embedding(ids, weight)  # [B, L, H]
+        if probs is not None:
+            # mt content starts right after <s>; build_inputs_with_special_tokens puts it there.
+            # The longest mt segment always fits: it is at most max_positions - 4 tokens long.
+            mt_len = max(1, max(len(m) for m in alignment.qe_ids))
+            shift = self.bridge.shift(weight, probs, forward_ids, alignment, mt_len, relaxation)
+            embeds = embeds + F.pad(shift, (0, 0, 1, length - 1 - mt_len))
+
+        out = encoder(inputs_embeds=embeds, attention_mask=mask, position_ids=position_ids,
+                      output_hidden_states=True, return_dict=True)
+        all_layers = out.hidden_states
+        # As UnifiedMetric.forward: layer-wise mix when configured, else one layer; CLS position.
+        if self.qe.layerwise_attention:
+            embeddings = self.qe.layerwise_attention(all_layers, mask)
+        else:
+            layer = self.qe.hparams.sent_layer
+            if not (isinstance(layer, int) and 0 <= layer < self.qe.encoder.num_layers):
+                raise ValueError(f"invalid sent_layer {layer!r}")
+            embeddings = all_layers[layer]
+        return self.qe.estimator(embeddings[:, 0, :]).view(-1)

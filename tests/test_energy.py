@@ -1,0 +1,336 @@
+"""KiwiEnergy: the value is comet's own score, the gradient reaches the translator (and only it).
+
+Every QE here is a tiny random CometKiwi over a tiny XLM-R tokenizer, which shares its SentencePiece
+model with a tiny mBART-50 tokenizer; the tiny NLLB tokenizer has its own, so both bridges run.
+"""
+
+from __future__ import annotations
+
+import atexit
+import copy
+import functools
+import random
+import shutil
+import tempfile
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from qe_helpers import predict
+from qeebm.config import GenerationConfig, ModelConfig
+from qeebm.qe.bridge import Bridge
+from qeebm.qe.energy import KiwiEnergy
+from qeebm.qe.models import load_qe
+from qeebm.qe.tiny import build_tiny_kiwi
+from qeebm.tinyworld.models import build_tiny_translator
+from qeebm.tinyworld.tokenizers import (
+    build_mbart50_tokenizer,
+    build_nllb_tokenizer,
+    build_xlmr_tokenizer,
+    train_sentencepiece,
+)
+from qeebm.translator import Translator
+
+FAMILIES = ["mbart", "nllb"]
+TOL = 1e-5
+
+# Cyrillic + digits + punctuation, repeated tokens, an empty output, digits/punctuation, an output
+# longer than the QE's segment limit, and a short output whose long source makes comet cut the
+# concatenation (dropping the source's tail and the final </s>).
+TEXTS = [
+    "муур нохой харж 2025 (том).",
+    "the the the cat cat cat , , ,",
+    "",
+    "3.14 - 42, today: 7!",
+    " ".join(["муур 12,"] * 100),
+    "the dog",
+]
+SRCS = ["the cat sees 12 dogs.", "a b", "the river", "water 3", "big city", " ".join(["the old house"] * 100)]
+
+
+_WORDS = (
+    "the a cat dog house river city child book water tree road bird sees walks reads finds gives big "
+    "small old new today here and with муур нохой байшин гол хот хүүхэд ном ус мод зам шувуу харж "
+    "алхаж уншиж том жижиг хуучин шинэ өнөөдөр энд ба"
+).split()
+_PUNCT = [".", "!", "?", ",", ":", ";", "-", "(", ")", "%", "'"]
+
+
+def corpus(n: int = 400, seed: int = 0) -> list[str]:
+    """Latin and Cyrillic words, digits and punctuation: every character the tests emit is a piece."""
+    rng = random.Random(seed)
+    lines = []
+    for _ in range(n):
+        words = [rng.choice(_WORDS) for _ in range(rng.randint(2, 8))]
+        words.insert(rng.randint(0, len(words)), str(rng.randint(0, 3000)))
+        lines.append(" ".join(words) + rng.choice(_PUNCT) + " " + rng.choice(_PUNCT) + rng.choice("0123456789"))
+    return lines
+
+
+@functools.lru_cache(maxsize=None)
+def world() -> SimpleNamespace:
+    """A tiny world of our own (the shared test corpus may change under us): an XLM-R tokenizer and a
+    CometKiwi over it, an mBART-50 sharing its SentencePiece model, an NLLB with its own.
+    Built once per process; test_bridge.py uses it too. Treat every path as read-only."""
+    root = Path(tempfile.mkdtemp(prefix="qeebm-energy-"))
+    atexit.register(shutil.rmtree, root, True)
+    shared = train_sentencepiece(corpus(), root / "sp" / "shared.model", 400, seed=11)
+    own = train_sentencepiece(corpus(seed=1), root / "sp" / "nllb.model", 300, seed=23)
+    tok = {"xlmr": root / "tok" / "xlmr", "mbart": root / "tok" / "mbart", "nllb": root / "tok" / "nllb"}
+    build_xlmr_tokenizer(shared, tok["xlmr"])
+    build_mbart50_tokenizer(shared, tok["mbart"])
+    build_nllb_tokenizer(own, tok["nllb"])
+    size = dict(d_model=32, layers=2, heads=4, ffn=64, max_positions=64, dropout=0.1)
+    models = {fam: build_tiny_translator(fam, tok[fam], root / fam, seed=0, **size) for fam in FAMILIES}
+    return SimpleNamespace(tokenizers=tok, translators=models, kiwi=build_tiny_kiwi(root / "kiwi", tok["xlmr"]))
+
+
+def load_kiwi(path=None):
+    model = load_qe(str(path or world().kiwi))
+    # A random head scores every input nearly alike; a steeper last layer spreads the scores so that a
+    # wrong segment order or position id shows far above float noise.
+    with torch.no_grad():
+        model.estimator.ff[-1].weight.mul_(20.0)
+    return model
+
+
+@pytest.fixture(scope="module")
+def kiwi_path():
+    return world().kiwi
+
+
+@pytest.fixture(scope="module")
+def kiwi(kiwi_path):
+    return load_kiwi(kiwi_path)
+
+
+@pytest.fixture(scope="module")
+def translators():
+    return {fam: Translator.load(ModelConfig(name_or_path=str(world().translators[fam]), dropout=0.0))
+            for fam in FAMILIES}
+
+
+def emitted(translator, texts):
+    """mt_ids/mt_mask as generate_ids lays them out after the decoder start: [lang] X </s> <pad>..."""
+    tok = translator.tokenizer
+    rows = [[translator.tgt_lang_id] + tok(t, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+            for t in texts]
+    width = max(map(len, rows))
+    ids = torch.full((len(rows), width), tok.pad_token_id, dtype=torch.long)
+    mask = torch.zeros(len(rows), width, dtype=torch.long)
+    for b, row in enumerate(rows):
+        ids[b, : len(row)] = torch.tensor(row)
+        mask[b, : len(row)] = 1
+    return ids, mask
+
+
+def energy_for(kiwi, translator, **kw):
+    v = translator.model.config.vocab_size
+    return KiwiEnergy(kiwi, Bridge(translator.tokenizer, kiwi.encoder.tokenizer, vocab_size=v), **kw)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_st_energy_is_minus_comet_score(kiwi, translators, family):
+    tr = translators[family]
+    energy = energy_for(kiwi, tr)
+    ids, mask = emitted(tr, TEXTS)
+    logits = torch.randn(*ids.shape, tr.model.config.vocab_size)
+    e = energy(SRCS, ids, mask, logits)
+    texts = tr.tokenizer.batch_decode(ids, skip_special_tokens=True)
+    # Every character is a real piece (nothing became <unk> and vanished from the text).
+    assert tr.tokenizer.unk_token_id not in ids and texts[:4] == TEXTS[:4]
+    want = predict(kiwi, SRCS, texts)
+    assert torch.allclose(-e.double(), torch.tensor(want, dtype=torch.float64), atol=TOL, rtol=0)
+    # The scores are spread enough for the tolerance to mean something.
+    assert max(want) - min(want) > 100 * TOL
+    # Truncation really happened: the mt segment of row 4 at comet's limit, the concatenation of row 5.
+    al = energy.last_alignment
+    limit = kiwi.encoder.max_positions
+    assert len(al.qe_ids[4]) == limit - 4
+    assert len(kiwi.encoder.tokenizer(SRCS[5])["input_ids"]) + len(al.qe_ids[5]) + 2 > limit
+    assert al.qe_ids[2] == []
+    assert torch.allclose(energy.score_ids(SRCS, ids, mask), -e, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_gradients_reach_every_translator_parameter(kiwi, translators, family):
+    tr = translators[family]
+    model = copy.deepcopy(tr.model).train()
+    energy = energy_for(kiwi, tr)
+    src = ["the cat sees 12 dogs.", "муур нохой 7"]
+    enc = tr.encode(src)
+    torch.manual_seed(0)
+    gen = GenerationConfig(num_beams=1, do_sample=True, max_new_tokens=10)
+    seqs = tr.generate_ids(enc["input_ids"], enc["attention_mask"], gen, num_return_sequences=2,
+                           min_new_tokens=4)
+    tf = tr.teacher_forcing(seqs)
+    logits = model(input_ids=enc["input_ids"].repeat_interleave(2, 0),
+                   attention_mask=enc["attention_mask"].repeat_interleave(2, 0),
+                   decoder_input_ids=tf["decoder_input_ids"]).logits
+    mt_ids, mt_mask = seqs[:, 1:], tf["labels"] != -100
+    srcs = [s for s in src for _ in range(2)]
+    e = energy(srcs, mt_ids, mt_mask, logits)
+    # Sampled rows of a random model: arbitrary pieces, sometimes special tokens in the middle.
+    want = predict(kiwi, srcs, tr.decode(seqs))
+    assert torch.allclose(-e.double(), torch.tensor(want, dtype=torch.float64), atol=TOL, rtol=0)
+    e.sum().backward()
+    missing = [n for n, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
+    assert not missing
+    assert all(p.grad is None for p in kiwi.parameters())
+
+
+def test_qe_frozen_by_default_and_kept_in_eval(kiwi_path, translators):
+    qe = load_kiwi(kiwi_path)
+    # comet leaves the estimator and the layer mix trainable after loading; the energy freezes them.
+    assert any(p.requires_grad for p in qe.parameters())
+    energy = energy_for(qe, translators["mbart"])
+    assert not any(p.requires_grad for p in qe.parameters())
+    energy.train()
+    assert not qe.training and not qe.layerwise_attention.training
+    ids, mask = emitted(translators["mbart"], TEXTS[:2])
+    logits = torch.randn(*ids.shape, translators["mbart"].model.config.vocab_size, requires_grad=True)
+    energy(SRCS[:2], ids, mask, logits).sum().backward()
+    assert logits.grad.abs().sum() > 0
+    assert all(p.grad is None for p in qe.parameters())
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_trainable_qe_gets_gradients(kiwi_path, translators, family):
+    qe = load_kiwi(kiwi_path)
+    qe.requires_grad_(True)
+    tr = translators[family]
+    energy = energy_for(qe, tr, freeze=False)
+    ids, mask = emitted(tr, TEXTS[:4])
+    logits = torch.randn(*ids.shape, tr.model.config.vocab_size, requires_grad=True)
+    qe.eval()
+    e = energy(SRCS[:4], ids, mask, logits)
+    assert torch.allclose(-e.double(), torch.tensor(predict(qe, SRCS[:4], tr.decode(ids))).double(), atol=TOL)
+    e.sum().backward()
+    for name, p in qe.named_parameters():
+        if name.startswith(("estimator", "layerwise_attention.gamma")) or name.endswith("word_embeddings.weight"):
+            assert p.grad is not None and p.grad.abs().sum() > 0, name
+    # With the QE trainable the bridge table is rebuilt inside the graph, so the word embeddings also
+    # get the straight-through gradient of every translator step.
+    emb = qe.encoder.model.embeddings.word_embeddings.weight
+    touched = (emb.grad.abs().sum(1) > 0).sum().item()
+    assert touched > len(set(sum(energy.last_alignment.qe_ids, [])))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_softmax_relaxation_gradcheck(kiwi_path, translators, family):
+    tr = translators[family]
+    qe = load_kiwi(kiwi_path).double()
+    energy = energy_for(qe, tr)
+    texts = ["муур 12 (том).", "the cat"]
+    srcs = ["the cat", "a dog 3"]
+    ids, mask = emitted(tr, texts)
+    g = torch.Generator().manual_seed(0)
+    base = torch.randn(*ids.shape, tr.model.config.vocab_size, dtype=torch.float64, generator=g)
+
+    def f(logits):
+        return energy(srcs, ids, mask, logits, relaxation="softmax")
+
+    logits = base.clone().requires_grad_(True)
+    assert torch.autograd.gradcheck(f, (logits,), eps=1e-6, atol=1e-6, rtol=1e-4, fast_mode=True)
+    # Full Jacobian along a few random directions of the logit space.
+    dirs = torch.randn(6, *base.shape, dtype=torch.float64, generator=g)
+    coef = torch.zeros(6, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda c: f(base + torch.einsum("k,k...->...", c, dirs)), (coef,),
+                                    eps=1e-6, atol=1e-6, rtol=1e-4)
+
+
+def test_softmax_relaxation_is_the_expected_embedding(kiwi, translators):
+    """mBART, canonical segmentation: the QE sees p_t @ E_qe at each mt position. Checked against
+    comet's own forward with the word-embedding output replaced."""
+    tr = translators["mbart"]
+    energy = energy_for(kiwi, tr)
+    text, src = "муур нохой 12.", "the cat"
+    ids, mask = emitted(tr, [text])
+    logits = torch.randn(*ids.shape, tr.model.config.vocab_size)
+    e = energy([src], ids, mask, logits, relaxation="softmax")
+    assert energy.last_alignment.canonical == [True]
+    n = len(energy.last_alignment.qe_ids[0])
+    emb = kiwi.encoder.model.embeddings.word_embeddings
+    table = torch.zeros(logits.shape[-1], emb.weight.shape[1])
+    pieces = ~energy.bridge.special
+    table[pieces] = emb.weight[torch.nonzero(pieces).flatten()]  # shared ids: mBART id == XLM-R id
+    expected = torch.softmax(logits[0, 1 : 1 + n], -1) @ table  # steps after the language code
+
+    def replace(module, inputs, output):
+        output = output.clone()
+        output[0, 1 : 1 + n] = expected
+        return output
+
+    batch = kiwi.prepare_sample([{"src": src, "mt": text}], stage="predict")[0]
+    handle = emb.register_forward_hook(replace)
+    try:
+        with torch.no_grad():
+            want = kiwi(**batch).score
+    finally:
+        handle.remove()
+    assert torch.allclose(-e, want, atol=TOL, rtol=0)
+    assert not torch.allclose(e, energy(["the cat"], ids, mask, logits), atol=1e-4)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_gumbel_st_scores_its_own_sample(kiwi, translators, family):
+    tr = translators[family]
+    energy = energy_for(kiwi, tr)
+    ids, mask = emitted(tr, TEXTS[:4])
+    v = tr.model.config.vocab_size
+    logits = torch.randn(*ids.shape, v, requires_grad=True)
+    e = energy(SRCS[:4], ids, mask, logits, relaxation="gumbel-st", tau=0.5,
+               generator=torch.Generator().manual_seed(1))
+    # The forward tokens are a fresh sample, so the text differs from the emitted one; the value is
+    # the exact score of the sampled text.
+    texts = energy.last_alignment.texts
+    assert texts != tr.decode(ids)
+    want = predict(kiwi, SRCS[:4], texts)
+    assert torch.allclose(-e.double(), torch.tensor(want, dtype=torch.float64), atol=TOL, rtol=0)
+    e.sum().backward()
+    assert torch.isfinite(logits.grad).all() and logits.grad.abs().sum() > 0
+    # Language code, </s> and padding are never resampled.
+    fwd = torch.tensor(energy.last_alignment.forward_ids)
+    content = energy.bridge.content_mask(ids, mask)
+    assert torch.equal(fwd[~content], ids[~content])
+    # A distribution peaked on the emitted tokens samples them back.
+    peaked = 60.0 * torch.nn.functional.one_hot(ids, v).float()
+    energy(SRCS[:4], ids, mask, peaked, relaxation="gumbel-st", generator=torch.Generator().manual_seed(2))
+    assert energy.last_alignment.texts == tr.decode(ids)
+
+
+def test_literal_special_text_is_handled_like_comet(kiwi, translators):
+    """comet drops pad ids after tokenising, so a literal "<pad>" in a text never reaches the QE
+    (other literal specials do)."""
+    tr = translators["nllb"]
+    energy = energy_for(kiwi, tr)
+    srcs = ["the <pad> cat", "a </s> b <pad>"]
+    ids, mask = emitted(tr, ["муур", "ном 3"])
+    want = predict(kiwi, srcs, tr.decode(ids))
+    assert torch.allclose(energy.score_ids(srcs, ids, mask).double(), torch.tensor(want).double(), atol=TOL)
+
+
+def test_all_empty_outputs_still_backpropagate(kiwi, translators):
+    tr = translators["mbart"]
+    energy = energy_for(kiwi, tr)
+    ids, mask = emitted(tr, ["", ""])  # [lang] </s>: the QE sees <s> </s></s> src </s>
+    logits = torch.randn(*ids.shape, tr.model.config.vocab_size, requires_grad=True)
+    e = energy(["the cat", "a"], ids, mask, logits)
+    assert torch.allclose(-e.double(), torch.tensor(predict(kiwi, ["the cat", "a"], ["", ""])).double(), atol=TOL)
+    e.sum().backward()
+    assert not logits.grad.any()
+
+
+def test_rejects_bad_inputs(kiwi, translators):
+    tr = translators["nllb"]
+    energy = energy_for(kiwi, tr)
+    ids, mask = emitted(tr, TEXTS[:2])
+    logits = torch.randn(*ids.shape, tr.model.config.vocab_size)
+    with pytest.raises(ValueError, match="relaxation"):
+        energy(SRCS[:2], ids, mask, logits, relaxation="hard")
+    with pytest.raises(ValueError, match="sources"):
+        energy(SRCS[:1], ids, mask, logits)
+    with pytest.raises(ValueError, match="classes"):
+        energy(SRCS[:2], ids, mask, logits[..., :-1])

@@ -1,0 +1,33 @@
+import json
+
+from qeebm.data import read_corpus
+from qeebm.config import CorpusConfig
+from qeebm.tinyworld.build import SIZES, build, is_built
+
+
+def test_micro_world_has_every_artifact(micro_world):
+    manifest = json.loads((micro_world / "manifest.json").read_text())
+    assert manifest["splits"] == SIZES["micro"].splits
+    for path in ("data/train.tsv", "data/dev.tsv", "data/test.tsv", "data/mono.txt",
+                 "tokenizers/xlmr/tokenizer.json", "tokenizers/mbart50/tokenizer.json", "tokenizers/nllb/tokenizer.json",
+                 "nllb-base/config.json", "mbart-base/config.json"):
+        assert path in manifest["files"] or (micro_world / path).is_file(), path
+        assert (micro_world / path).is_file(), path
+    train = read_corpus(CorpusConfig(path=str(micro_world / "data/train.tsv")), "train", need_target=True)
+    assert len(train.src) == SIZES["micro"].splits["train"]
+    assert set(manifest["base_test"]) == {"nllb", "mbart"}
+
+
+def test_same_seed_gives_identical_files(micro_world, tmp_path):
+    again = build(tmp_path / "again", seed=0, size="micro")
+    first = json.loads((micro_world / "manifest.json").read_text())
+    second = json.loads((again / "manifest.json").read_text())
+    assert first["files"] == second["files"]
+    assert len(first["files"]) > 20
+
+
+def test_a_finished_build_is_not_redone(micro_world):
+    stamp = (micro_world / "manifest.json").stat().st_mtime_ns
+    build(micro_world, seed=0, size="micro")
+    assert is_built(micro_world)
+    assert (micro_world / "manifest.json").stat().st_mtime_ns == stamp
