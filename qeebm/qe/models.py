@@ -1,0 +1,232 @@
+"""Loading and saving COMET-family quality estimators (CometKiwi, COMET, XCOMET).
+
+On-disk format (comet's own, so `comet.load_from_checkpoint` and `comet-score` read it)::
+
+    <dir>/hparams.yaml              class_identifier + the model's hyperparameters
+    <dir>/checkpoints/model.ckpt    {"state_dict", "hyper_parameters", "pytorch-lightning_version"}
+    <dir>/encoder/                  the encoder's config.json + tokenizer files (no weights)
+
+Why `encoder/` and an absolute path: comet's loader always builds the encoder skeleton with
+`XLMRobertaTokenizerFast/Config.from_pretrained(hparams["pretrained_model"])`, taking
+`pretrained_model` from the checkpoint's hyper_parameters (hparams.yaml is only read for the class
+unless reload_hparams=True, which `comet-score` never passes). A hub id there means a network
+lookup; a relative path would resolve against the caller's working directory. So `save_qe` writes
+the absolute path of `<dir>/encoder` into both the checkpoint and hparams.yaml: comet's own loader
+and the CLI then work offline from any directory. If the directory is moved, that stored path goes
+stale; `load_qe` therefore never trusts it and points the encoder at `<dir>/encoder` itself
+(Lightning lets keyword arguments override saved hyperparameters).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import socket
+from pathlib import Path
+from urllib.parse import urlparse
+
+import torch
+import yaml
+
+from qeebm.errors import QeebmError
+
+log = logging.getLogger(__name__)
+
+ENCODER_SUBDIR = "encoder"
+CHECKPOINT = Path("checkpoints") / "model.ckpt"
+
+# The encoder each public COMET checkpoint names in its hparams (pretrained_model): needed to name
+# the files in the offline error before hparams.yaml can be read.
+KNOWN_ENCODERS = {
+    "Unbabel/wmt22-cometkiwi-da": "microsoft/infoxlm-large",
+    "Unbabel/wmt23-cometkiwi-da-xl": "facebook/xlm-roberta-xl",
+    "Unbabel/wmt23-cometkiwi-da-xxl": "facebook/xlm-roberta-xxl",
+    "Unbabel/wmt22-comet-da": "xlm-roberta-large",
+    "Unbabel/XCOMET-XL": "facebook/xlm-roberta-xl",
+    "Unbabel/XCOMET-XXL": "facebook/xlm-roberta-xxl",
+}
+# Only what from_pretrained needs for the tokenizer and the config: never the encoder's weights,
+# which the COMET checkpoint already holds (comet loads with load_pretrained_weights=False).
+ENCODER_FILES = ["config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                 "sentencepiece.bpe.model"]
+
+
+def _class_identifiers() -> dict[type, str]:
+    from comet.models import str2model
+
+    return {cls: name for name, cls in str2model.items()}
+
+
+def qe_kind(model) -> str:
+    """"kiwi" (reference-free UnifiedMetric), "comet" (reference-based RegressionMetric) or
+    "xcomet" (XCOMETMetric, or a UnifiedMetric that also reads the reference)."""
+    from comet.models import ReferencelessRegression, RegressionMetric, UnifiedMetric, XCOMETMetric
+
+    if isinstance(model, XCOMETMetric):
+        return "xcomet"
+    if isinstance(model, UnifiedMetric):
+        return "xcomet" if "ref" in model.hparams.input_segments else "kiwi"
+    if isinstance(model, RegressionMetric) and not isinstance(model, ReferencelessRegression):
+        return "comet"
+    raise QeebmError(f"unsupported QE model class {type(model).__name__}: expected a CometKiwi-style "
+                     "UnifiedMetric, a reference-based RegressionMetric or XCOMET")
+
+
+# ----------------------------------------------------------------------------------------- loading
+def _hub_offline() -> bool:
+    if os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE"):
+        return True
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return True
+    # Without network the hub client retries for minutes; one TCP connect tells us in seconds.
+    url = urlparse(constants.ENDPOINT)
+    try:
+        socket.create_connection((url.hostname, url.port or 443), timeout=3).close()
+        return False
+    except OSError:
+        return True
+
+
+def _missing_files_error(repo_id: str, encoder: str | None, why: str) -> QeebmError:
+    enc = encoder or KNOWN_ENCODERS.get(repo_id, "<its pretrained_model in hparams.yaml>")
+    return QeebmError(
+        f"cannot load QE model '{repo_id}': {why}. Needed: {repo_id} (hparams.yaml, "
+        f"checkpoints/model.ckpt) and the encoder config + tokenizer of {enc} "
+        f"({', '.join(ENCODER_FILES)}; no weights). Fetch them where the hub is reachable (gated "
+        "models need an accepted license and `huggingface-cli login`) into the HF cache, or pass a "
+        "local directory in comet's format (hparams.yaml + checkpoints/model.ckpt [+ encoder/])")
+
+
+def _snapshot(repo_id: str, offline: bool, allow_patterns=None) -> Path | None:
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(repo_id, local_files_only=offline, allow_patterns=allow_patterns))
+    except Exception as err:  # noqa: BLE001 - hub errors have many types; all mean "not available"
+        log.debug("snapshot_download(%s) failed: %s", repo_id, err)
+        return None
+
+
+def _resolve_checkpoint(name_or_path: str) -> tuple[Path, bool]:
+    """(checkpoint path, came from the hub)."""
+    p = Path(name_or_path).expanduser()
+    if p.is_file():
+        return p.resolve(), False
+    if p.is_dir():
+        ckpt = p / CHECKPOINT
+        if not ckpt.is_file() or not (p / "hparams.yaml").is_file():
+            raise QeebmError(f"{p} is not a COMET model directory: it needs hparams.yaml and {CHECKPOINT}")
+        return ckpt.resolve(), False
+    if name_or_path.count("/") != 1 or name_or_path.startswith((".", "/", "~")):
+        raise QeebmError(f"QE model '{name_or_path}' is neither a local path nor a hub id (org/name)")
+    offline = _hub_offline()
+    snap = _snapshot(name_or_path, offline=True)
+    if snap is None and not offline:
+        snap = _snapshot(name_or_path, offline=False)
+    if snap is None or not (snap / CHECKPOINT).is_file():
+        why = "it is not in the local Hugging Face cache and the hub is unreachable" if offline else \
+            "the hub did not provide it"
+        raise _missing_files_error(name_or_path, None, why)
+    return snap / CHECKPOINT, True
+
+
+def _resolve_encoder(model_dir: Path, hparams: dict, encoder_dir: str | None, repo_id: str) -> str:
+    """A local directory holding the encoder's config + tokenizer, so comet never goes online."""
+    if encoder_dir is not None:
+        if not (Path(encoder_dir) / "config.json").is_file():
+            raise QeebmError(f"encoder_dir {encoder_dir} has no config.json")
+        return str(Path(encoder_dir).resolve())
+    if (model_dir / ENCODER_SUBDIR / "config.json").is_file():
+        return str((model_dir / ENCODER_SUBDIR).resolve())
+    name = str(hparams.get("pretrained_model", ""))
+    if (Path(name) / "config.json").is_file():
+        return str(Path(name).resolve())
+    if not name or Path(name).is_absolute():
+        raise QeebmError(f"the encoder of {model_dir} ({name or 'no pretrained_model'}) is missing: "
+                         f"put its config.json and tokenizer files in {model_dir / ENCODER_SUBDIR}")
+    patterns = ["*.json", "*.model", "*.txt"]
+    offline = _hub_offline()
+    snap = _snapshot(name, offline=True, allow_patterns=patterns)
+    if snap is None and not offline:
+        snap = _snapshot(name, offline=False, allow_patterns=patterns)
+    if snap is None or not (snap / "config.json").is_file():
+        raise _missing_files_error(repo_id, name, f"the config/tokenizer of its encoder {name} is not "
+                                   "available (not cached, hub unreachable)")
+    return str(snap)
+
+
+def load_qe(name_or_path: str, encoder_dir: str | None = None):
+    """Load a CometKiwi / COMET / XCOMET model (eval mode, on CPU) from a hub id or a local
+    directory (or .ckpt path) in comet's on-disk format. No remote code is executed."""
+    ckpt, _ = _resolve_checkpoint(str(name_or_path))
+    model_dir = ckpt.parents[1]
+    hparams_file = model_dir / "hparams.yaml"
+    if not hparams_file.is_file():
+        raise QeebmError(f"{hparams_file} is missing")
+    hparams = yaml.safe_load(hparams_file.read_text()) or {}
+    from comet.models import str2model  # after the offline checks: importing comet takes seconds
+
+    cls = str2model.get(hparams.get("class_identifier"))
+    if cls is None:
+        raise QeebmError(f"{hparams_file}: unknown class_identifier {hparams.get('class_identifier')!r}")
+    encoder = _resolve_encoder(model_dir, hparams, encoder_dir, str(name_or_path))
+    kwargs = {}
+    # comet.load_from_checkpoint swaps "sparsemax_patch" for softmax (its issue #244); same here.
+    if hparams.get("layer_transformation") == "sparsemax_patch":
+        kwargs["layer_transformation"] = "softmax"
+    try:
+        model = cls.load_from_checkpoint(
+            checkpoint_path=ckpt, load_pretrained_weights=False, map_location=torch.device("cpu"),
+            strict=False, local_files_only=True, pretrained_model=encoder, **kwargs)
+    except QeebmError:
+        raise
+    except Exception as err:
+        raise QeebmError(f"comet could not load {ckpt}: {type(err).__name__}: {err}") from err
+    model.eval()
+    log.info("loaded QE %s (%s, kind=%s, encoder from %s)", name_or_path, cls.__name__,
+             qe_kind(model), encoder)
+    return model
+
+
+# ------------------------------------------------------------------------------------------ saving
+def _plain(value):
+    """hparams as YAML/weights_only-safe builtins (Lightning's AttributeDict, tuples, Paths...)."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, torch.Tensor):
+        return value.tolist()
+    return value
+
+
+def save_qe(model, out_dir: str | Path) -> Path:
+    """Write `model` in comet's on-disk format (see the module docstring). Returns out_dir."""
+    import pytorch_lightning as pl
+
+    out = Path(out_dir).resolve()
+    (out / "checkpoints").mkdir(parents=True, exist_ok=True)
+    enc_dir = out / ENCODER_SUBDIR
+    tmp = out / (ENCODER_SUBDIR + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    # Saved via a temporary dir: the model may have been loaded from this very directory.
+    model.encoder.tokenizer.save_pretrained(tmp)
+    model.encoder.model.config.save_pretrained(tmp)
+    shutil.rmtree(enc_dir, ignore_errors=True)
+    tmp.rename(enc_dir)
+
+    hparams = _plain(dict(model.hparams))
+    hparams["class_identifier"] = _class_identifiers()[type(model)]
+    hparams["pretrained_model"] = str(enc_dir)
+    hparams["load_pretrained_weights"] = False
+    # Weights are not tied across a reload: copy tensors out of any inference-mode/view storage.
+    state = {k: v.detach().clone().cpu() for k, v in model.state_dict().items()}
+    torch.save({"state_dict": state, "hyper_parameters": hparams,
+                "pytorch-lightning_version": pl.__version__}, out / CHECKPOINT)
+    (out / "hparams.yaml").write_text(yaml.safe_dump(hparams, sort_keys=True))
+    return out

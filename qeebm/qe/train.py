@@ -1,0 +1,201 @@
+"""Regression training of a COMET-family QE on (src, mt[, ref], score): comet's objective in a plain
+torch loop (no Lightning Trainer).
+
+Objective as in comet's `training_step`: MSE between the predicted and the target score; a
+UnifiedMetric fed a reference (XCOMET) sums the MSE of its [mt, src], [mt, ref] and [mt, src, ref]
+passes. Modes:
+
+* "head": the estimator and the layer-wise attention (comet's "frozen encoder" phase);
+* "full": also the encoder; its embeddings stay frozen when the model's hparams say
+  keep_embeddings_frozen (true for every public COMET/CometKiwi checkpoint), as comet's
+  `unfreeze_encoder` does. (`encoder.unfreeze()` alone would unfreeze them too.)
+* "lora": head + peft LoRA adapters on the encoder's XLMRobertaModel; the adapters are merged back
+  after training, so the result is a plain comet model that `save_qe` / `comet-score` read.
+
+Every parameter's requires_grad flag is restored afterwards; the model is returned in eval mode.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from contextlib import contextmanager
+
+import torch
+
+from qeebm.errors import QeebmError
+from qeebm.qe.models import qe_kind, save_qe  # noqa: F401 - save_qe is part of this module's API
+
+log = logging.getLogger(__name__)
+
+MODES = ("head", "full", "lora")
+
+
+@contextmanager
+def torch_threads(n: int | None):
+    """torch's intra-op thread count set to n (when given) for a block, then restored."""
+    before = torch.get_num_threads()
+    if n:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def head_parameters(model) -> list[torch.nn.Parameter]:
+    params = list(model.estimator.parameters())
+    if model.layerwise_attention is not None:
+        params += list(model.layerwise_attention.parameters())
+    return params
+
+
+def encoder_parameters(model, keep_embeddings_frozen: bool | None = None) -> list[torch.nn.Parameter]:
+    if keep_embeddings_frozen is None:
+        keep_embeddings_frozen = bool(model.hparams.get("keep_embeddings_frozen", True))
+    frozen = {id(p) for p in model.encoder.model.embeddings.parameters()} if keep_embeddings_frozen else set()
+    return [p for p in model.encoder.model.parameters() if id(p) not in frozen]
+
+
+def _add_lora(model, r: int, targets) -> list[torch.nn.Parameter]:
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(r=r, lora_alpha=2 * r, lora_dropout=0.0, target_modules=list(targets), bias="none")
+    model.encoder.model = get_peft_model(model.encoder.model, config)
+    return [p for n, p in model.encoder.model.named_parameters() if "lora_" in n]
+
+
+def _merge_lora(model) -> None:
+    model.encoder.model = model.encoder.model.merge_and_unload()
+
+
+def _samples(src, mt, ref, scores) -> list[dict]:
+    out = []
+    for i, (s, m, y) in enumerate(zip(src, mt, scores)):
+        d = {"src": s, "mt": m, "score": float(y)}
+        if ref is not None:
+            d["ref"] = ref[i]
+        out.append(d)
+    return out
+
+
+def _unpad(ids: torch.Tensor, mask: torch.Tensor) -> list[torch.Tensor]:
+    return [row[: int(n)].clone() for row, n in zip(ids, mask.sum(dim=1))]
+
+
+def _tokenize(model, data: list[dict], chunk: int = 512) -> list[list[torch.Tensor]]:
+    """Each example's model inputs as unpadded id rows, made once by comet's own prepare_sample
+    (so truncation and segment order are comet's): for a UnifiedMetric one row per input combo
+    ([mt, src] or the three XCOMET combos), for a RegressionMetric the src, mt and ref rows."""
+    rows: list[list[torch.Tensor]] = []
+    for start in range(0, len(data), chunk):
+        inputs, _ = model.prepare_sample(data[start:start + chunk], stage="fit")
+        if isinstance(inputs, tuple):
+            cols = [_unpad(x["input_ids"], x["attention_mask"]) for x in inputs]
+        else:
+            cols = [_unpad(inputs[f"{k}_input_ids"], inputs[f"{k}_attention_mask"])
+                    for k in ("src", "mt", "ref")]
+        rows += [list(r) for r in zip(*cols)]
+    return rows
+
+
+def _batches(rows, batch_size: int, gen: torch.Generator) -> list[list[int]]:
+    """Shuffled batches of similar length: shuffle, sort within windows of 32 batches, shuffle the
+    batches (less padding, still a random order every epoch)."""
+    order = torch.randperm(len(rows), generator=gen).tolist()
+    window = 32 * batch_size
+    batches = []
+    for start in range(0, len(order), window):
+        part = sorted(order[start:start + window], key=lambda i: sum(len(r) for r in rows[i]))
+        batches += [part[j:j + batch_size] for j in range(0, len(part), batch_size)]
+    return [batches[i] for i in torch.randperm(len(batches), generator=gen).tolist()]
+
+
+def _pad(seqs: list[torch.Tensor], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    ids = torch.nn.utils.rnn.pad_sequence(seqs, batch_first=True, padding_value=pad_id)
+    lengths = torch.tensor([len(s) for s in seqs])
+    mask = (torch.arange(ids.shape[1])[None, :] < lengths[:, None]).long()
+    return ids.to(device), mask.to(device)
+
+
+def _loss(model, rows: list[list[torch.Tensor]], y: torch.Tensor) -> torch.Tensor:
+    pad, device = model.encoder.tokenizer.pad_token_id, model.device
+    y = y.to(device)
+    cols = [_pad([r[j] for r in rows], pad, device) for j in range(len(rows[0]))]
+    if qe_kind(model) == "comet":
+        (s, sm), (m, mm), (r, rm) = cols
+        pred = model.forward(src_input_ids=s, src_attention_mask=sm, mt_input_ids=m,
+                             mt_attention_mask=mm, ref_input_ids=r, ref_attention_mask=rm)
+        return torch.nn.functional.mse_loss(pred.score, y)
+    # comet's UnifiedMetric.training_step: the MSE of every input combo, summed
+    return sum(torch.nn.functional.mse_loss(model.forward(input_ids=i, attention_mask=m).score, y)
+               for i, m in cols)
+
+
+def train_qe(model, src: list[str], mt: list[str], scores: list[float], *, ref: list[str] | None = None,
+             mode: str = "head", epochs: int = 1, lr: float = 1e-4, encoder_lr: float | None = None,
+             batch_size: int = 16, seed: int = 0, lora_r: int = 8, lora_targets=("query", "value"),
+             max_grad_norm: float | None = 1.0, weight_decay: float = 0.0,
+             num_threads: int | None = None, train_embeddings: bool | None = None):
+    """Fit `model` to `scores` in place (MSE, AdamW); returns it in eval mode.
+
+    num_threads: torch intra-op threads for this call only (restored after). Small models train
+    faster on one thread, and a second thread collapses (10x slower) when the cores are shared.
+    train_embeddings: in "full" mode, also train the encoder's embeddings (default: not if the
+    hparams say keep_embeddings_frozen). Encoders trained from scratch need it: frozen random
+    embeddings cannot learn which pieces mean the same thing.
+    """
+    if mode not in MODES:
+        raise QeebmError(f"unknown QE training mode {mode!r}: expected one of {MODES}")
+    if not (len(src) == len(mt) == len(scores)) or (ref is not None and len(ref) != len(mt)):
+        raise QeebmError("train_qe: src, mt, scores (and ref) must have the same length")
+    if not src:
+        raise QeebmError("train_qe: no training examples")
+    kind = qe_kind(model)
+    if kind == "comet" and ref is None:
+        raise QeebmError("train_qe: a reference-based COMET needs ref")
+    if kind == "kiwi":
+        ref = None
+
+    flags = {p: p.requires_grad for p in model.parameters()}
+    for p in model.parameters():
+        p.requires_grad_(False)
+    groups = [{"params": head_parameters(model), "lr": lr}]
+    if mode == "full":
+        keep = None if train_embeddings is None else not train_embeddings
+        groups.append({"params": encoder_parameters(model, keep), "lr": encoder_lr or lr})
+    elif mode == "lora":
+        groups.append({"params": _add_lora(model, lora_r, lora_targets), "lr": encoder_lr or lr})
+    trainable = [p for g in groups for p in g["params"]]
+    for p in trainable:
+        p.requires_grad_(True)
+
+    rows = _tokenize(model, _samples(src, mt, ref, scores))
+    targets = torch.tensor([float(v) for v in scores])
+    opt = torch.optim.AdamW(groups, lr=lr, weight_decay=weight_decay)
+    gen = torch.Generator().manual_seed(seed)
+    start = time.perf_counter()
+    try:
+        # dropout draws: reproducible, and the caller's RNG untouched
+        with torch.random.fork_rng(), torch_threads(num_threads):
+            torch.manual_seed(seed)
+            model.train()
+            for epoch in range(epochs):
+                total = 0.0
+                for batch in _batches(rows, batch_size, gen):
+                    loss = _loss(model, [rows[i] for i in batch], targets[batch])
+                    opt.zero_grad(set_to_none=True)
+                    loss.backward()
+                    if max_grad_norm:
+                        torch.nn.utils.clip_grad_norm_(trainable, max_grad_norm)
+                    opt.step()
+                    total += loss.item() * len(batch)
+                log.info("train_qe %s epoch %d/%d: mse %.5f (%.1fs)", mode, epoch + 1, epochs,
+                         total / len(rows), time.perf_counter() - start)
+    finally:
+        if mode == "lora":
+            _merge_lora(model)
+        for p in model.parameters():  # LoRA parameters are gone after the merge
+            p.requires_grad_(flags.get(p, False))
+        model.eval()
+    return model
