@@ -1,8 +1,9 @@
 """Training checkpoints: write atomically, find the newest, restore everything a resume needs.
 
 A checkpoint is ``<run_dir>/checkpoints/step-XXXXXXX/`` holding ``model.pt`` (state dict of the
-unwrapped model), ``optimizer.pt``, ``scheduler.pt``, ``state.json`` (the loop's counters) and one
-``rng-<rank>.pt`` per process. It is assembled in a hidden temporary directory and renamed into place
+unwrapped model), ``optimizer.pt``, ``scheduler.pt``, ``state.json`` (the loop's counters), one
+``rng-<rank>.pt`` per process and, for a method that owns state (``state_dict``/``load_state_dict``:
+QE-dynamic's QE and its optimiser), ``method.pt``. It is assembled in a hidden temporary directory and renamed into place
 only when every file is written, so an interrupted save leaves the previous checkpoint as the newest
 complete one; resume ignores anything that is not a ``step-*`` directory.
 
@@ -128,12 +129,14 @@ def latest_checkpoint(root: Path) -> Path | None:
     return found[-1] if found else None
 
 
-def save_checkpoint(root: Path, step: int, *, model, optimizer, scheduler, state: dict, accelerator, keep_last: int) -> Path:
+def save_checkpoint(root: Path, step: int, *, model, optimizer, scheduler, state: dict, accelerator, keep_last: int,
+                    method_state: dict | None = None) -> Path:
     """Write checkpoint ``step`` under ``root`` from every process (collective: all must call).
 
     The main process writes the model, optimiser, scheduler and ``state``; every process writes its
     own RNG file into the same temporary directory; the main process renames it into place once all
     are done and then keeps only the newest ``keep_last`` checkpoints (``keep_last`` < 1 keeps all).
+    ``method_state`` (the method's ``state_dict()``, the same on every process) goes to ``method.pt``.
     """
     root, final = Path(root), step_dir(root, step)
     tmp = root / f".tmp-{final.name}"
@@ -150,6 +153,8 @@ def save_checkpoint(root: Path, step: int, *, model, optimizer, scheduler, state
             torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
             torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
             (tmp / "state.json").write_text(json.dumps(state, indent=1), encoding="utf-8")
+            if method_state is not None:
+                torch.save(method_state, tmp / "method.pt")
     except BaseException:
         if accelerator.is_main_process:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -191,6 +196,16 @@ def load_checkpoint(path: Path, *, model, optimizer, scheduler) -> dict:
     optimizer.load_state_dict(torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True))
     scheduler.load_state_dict(torch.load(path / "scheduler.pt", map_location="cpu", weights_only=True))
     return read_state(path)
+
+
+def load_method_state(path: Path, method) -> None:
+    """Restore the state a method owns (``method.pt``) when the method has any."""
+    if not hasattr(method, "load_state_dict"):
+        return
+    file = Path(path) / "method.pt"
+    if not file.is_file():
+        raise QeebmError(f"cannot resume from {path}: it has no method.pt with the state of method '{getattr(method, 'name', '?')}'")
+    method.load_state_dict(torch.load(file, map_location="cpu", weights_only=True))
 
 
 def restore_rng(path: Path, rank: int) -> bool:

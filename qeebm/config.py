@@ -19,6 +19,7 @@ from typing import Any, Optional
 import yaml
 
 from qeebm.errors import QeebmError
+from qeebm.guards import GuardConfig
 
 TINYWORLD_DIR = "data/tinyworld"
 
@@ -139,6 +140,123 @@ class OutputConfig:
 
 
 @dataclass
+class QEConfig:
+    """The quality estimator QE-EBM trains against: a CometKiwi-style checkpoint in comet's format (a
+    local directory or a hub id).
+
+    ``mode``: "static" keeps it frozen; "dynamic" also trains it, once every ``interval`` steps after
+    ``warmup_steps``, with its own AdamW, on the labelled batch: the reference against K fresh samples
+    of the (frozen) translator. ``loss``: "nce" is BCE-with-logits on logit = QE(x, y) - log pbar(y|x)
+    (pbar: the translator's mean token probability, label-smoothed by ``label_smoothing``), target 1
+    for the reference and 0 for each sample; "margin" asks QE(x, ref) >= QE(x, y_k) + ``margin``.
+    ``train_parts``: any of "head" (estimator), "layerwise" (layer-wise attention), "lora" (peft LoRA
+    adapters on the QE encoder, ``lora_*``). The translator's optimiser never sees QE parameters."""
+
+    path: str = f"{TINYWORLD_DIR}/qe/kiwi"
+    mode: str = "static"  # static | dynamic
+    warmup_steps: int = 200  # dynamic: optimiser steps before the first QE update
+    interval: int = 1  # dynamic: one QE update on every step that is a multiple of this, after warm-up
+    loss: str = "nce"  # nce | margin
+    label_smoothing: float = 0.1  # of log pbar in the NCE logit
+    margin: float = 0.1  # margin loss: reference above each sample by this much
+    train_parts: list[str] = field(default_factory=lambda: ["head", "layerwise", "lora"])
+    lr: float = 3e-4
+    weight_decay: float = 0.0
+    max_grad_norm: float = 0.0  # 0 disables clipping of the QE update
+    lora_r: int = 8
+    lora_alpha: int = 16
+    lora_target_modules: list[str] = field(default_factory=lambda: ["query", "value"])
+
+
+@dataclass
+class QeEbmConfig:
+    """QE-EBM on the translator: loss = alpha * CE(labelled) + beta * mean_k E(x, y_k) over a
+    source-only batch (``data.mono``, the same global size as ``optim.batch_size``), E = -QE.
+
+    Sampling: ``num_samples`` (K) per source, ancestral by default (temperature 1, top_k 0, top_p 1).
+    ``relaxation``: how the sampled tokens carry the gradient into the QE: "st" (straight-through),
+    "softmax" (expected embedding) or "gumbel-st" (straight-through Gumbel-softmax at ``tau``).
+    Schedule at optimiser step s (counted from 1): beta = beta_max * min(1, s / beta_ramp_steps)
+    (``beta_ramp_steps`` 0: beta_max throughout); alpha = ``alpha`` when set, else
+    1 - alpha_coupling * beta. The defaults are the published ramp: beta reaches 0.001 at step 4000,
+    alpha ends at 0.99."""
+
+    num_samples: int = 5
+    max_new_tokens: int = 50
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    relaxation: str = "st"  # st | softmax | gumbel-st
+    tau: float = 1.0
+    beta_max: float = 0.001
+    beta_ramp_steps: int = 4000
+    alpha: Optional[float] = None
+    alpha_coupling: float = 10.0
+
+
+@dataclass
+class ReinforceConfig:
+    """REINFORCE, the paper's policy-gradient baseline: ``num_samples`` (K) samples of each
+    source-only sentence (``data.mono``, global size ``optim.batch_size``), nucleus p=0.9 as
+    published; reward = QE score (``qe.path``) minus the penalty of the ``guards`` it trips (when
+    ``guards`` is true); loss = alpha * CE(labelled batch) + beta * policy gradient; no KL term.
+
+    ``baseline``: "running_mean" (published: the mean of every earlier step's rewards), "rloo" (the
+    mean of the other K-1 samples of the same source) or "none". ``reward_scaling``: "max_abs"
+    (published "centred reward scaled to [-1, 1]": divided by the step's largest |reward - baseline|),
+    "whiten" or "none". Both use the whole optimiser step. The paper does not give beta."""
+
+    num_samples: int = 5
+    max_new_tokens: int = 50
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 0.9
+    baseline: str = "running_mean"  # running_mean | rloo | none
+    reward_scaling: str = "max_abs"  # max_abs | whiten | none
+    alpha: float = 1.0  # CE weight; 0 skips the labelled forward pass
+    beta: float = 0.1  # policy-gradient weight
+    guards: bool = True
+
+
+@dataclass
+class PPOConfig:
+    """PPO, the paper's actor-critic baseline (TRL's former seq2seq defaults, the values in
+    qeebm/rl.py). One optimiser step of the loop is one rollout of ``optim.batch_size`` source-only
+    sentences x ``num_samples``, followed by ``epochs`` x ``minibatches`` optimiser updates over it;
+    the published batch 20 / minibatch 4 / 2 epochs is ``optim.batch_size: 20``,
+    ``ppo.minibatches: 5``, ``ppo.epochs: 2``. The learning-rate schedule advances once per rollout.
+
+    Rollouts stop at </s>, ancestral sampling (TRL: top_k 0, top_p 1). Reward: QE minus guard
+    penalties at the last token, -kl_coef * (log p - log p_ref) at every token; the reference is the
+    initial model (LoRA: the adapter disabled). ``adaptive_kl``: Ziegler et al.'s controller towards
+    ``kl_target`` over ``kl_horizon`` samples, else kl_coef stays ``init_kl_coef``. Losses: clipped
+    surrogate (``clip``) + ``value_coef`` * clipped value loss (``value_clip``) [+ ``alpha`` * CE on
+    the labelled batch, off as published]. ``disable_dropout``: every PPO forward runs without
+    dropout, so the first update's probability ratios are exactly 1."""
+
+    num_samples: int = 1
+    max_new_tokens: int = 50
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    epochs: int = 2
+    minibatches: int = 5
+    init_kl_coef: float = 0.2
+    adaptive_kl: bool = True
+    kl_target: float = 6.0
+    kl_horizon: int = 10000
+    gamma: float = 1.0
+    lam: float = 0.95
+    clip: float = 0.2
+    value_clip: float = 0.2
+    value_coef: float = 0.1
+    whiten_advantages: bool = True
+    disable_dropout: bool = True
+    alpha: float = 0.0  # CE weight on the labelled batch
+    guards: bool = True
+
+
+@dataclass
 class Config:
     method: str = "sft"
     seed: int = 42
@@ -149,6 +267,12 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
+    qe: QEConfig = field(default_factory=QEConfig)
+    qe_ebm: QeEbmConfig = field(default_factory=QeEbmConfig)
+    reinforce: ReinforceConfig = field(default_factory=ReinforceConfig)
+    ppo: PPOConfig = field(default_factory=PPOConfig)
+    # Reward-hacking guards (qeebm/guards.py) for the methods that switch them on.
+    guards: GuardConfig = field(default_factory=GuardConfig)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -253,6 +377,11 @@ CHOICES = {
     "optim.scheduler": ("linear", "cosine", "constant"),
     "optim.mixed_precision": ("no", "fp16", "bf16"),
     "eval.mode": ("max", "min"),
+    "qe.mode": ("static", "dynamic"),
+    "qe.loss": ("nce", "margin"),
+    "qe_ebm.relaxation": ("st", "softmax", "gumbel-st"),
+    "reinforce.baseline": ("running_mean", "rloo", "none"),
+    "reinforce.reward_scaling": ("max_abs", "whiten", "none"),
 }
 CORPUS_FORMATS = ("auto", "tsv", "jsonl", "text", "hf")
 

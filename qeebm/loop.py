@@ -1,8 +1,9 @@
 """The one training loop, shared by every method.
 
-Read top to bottom: ``train`` builds everything, then repeats ``train_step`` (one optimiser step:
-micro-steps, backward, clipping, update), logs, validates and checkpoints. The loop never looks inside
-a method: it hands each micro-batch to ``method.rollout`` (no gradient) and ``method.loss``, and
+Read top to bottom: ``train`` builds everything, then repeats ``train_step`` (rollouts of every
+micro-step, then the optimiser update: backward, clipping, step; PPO asks for one update per epoch
+and minibatch), logs, validates and checkpoints. The loop never looks inside a method: it hands each
+micro-batch to ``method.rollout`` (no gradient) and the rollouts to ``method.loss``, and
 backpropagates what comes back (docs/design.md: batches and loss normalisation).
 """
 
@@ -68,7 +69,13 @@ def train(cfg: Config) -> TrainResult:
         train_set, dev_set = load_data(cfg, translator)
 
         model = translator.model
-        params = [p for p in model.parameters() if p.requires_grad]
+        # The model is prepared (placed, DDP-wrapped) before the method is built and the optimiser
+        # after it: a method may own trainable parameters (PPO's value head, ``extra_parameters``)
+        # that the one optimiser, the clipping and the checkpoints must cover. No DataLoader: the
+        # step sampler already gives each process its slice.
+        prepared = accelerator.prepare_model(model)
+        method = METHODS[cfg.method](cfg, translator, prepared)
+        params = [p for p in model.parameters() if p.requires_grad] + list(getattr(method, "extra_parameters", list)())
         o = cfg.optim
         optimizer = torch.optim.AdamW(params, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
         # Not prepared by accelerate: its wrapper steps the schedule once per process.
@@ -76,11 +83,13 @@ def train(cfg: Config) -> TrainResult:
         state = LoopState()
         if resume_from is not None:
             state = LoopState(**ckpt.load_checkpoint(resume_from, model=model, optimizer=optimizer, scheduler=scheduler))
+            ckpt.load_method_state(resume_from, method)
             log.info("resuming from %s (step %d)", resume_from, state.step)
-        # No DataLoader: the step sampler already gives each process its slice.
-        prepared, optimizer = accelerator.prepare(model, optimizer)
-        method = METHODS[cfg.method](cfg, translator, prepared)
+        optimizer = accelerator.prepare_optimizer(optimizer)
         sampler = StepSampler(len(train_set.src), o.batch_size, cfg.seed)
+        # The source-only pool gets its own stream (another seed), as pure in the step as the labelled one.
+        mono = load_mono(cfg, translator) if getattr(method, "needs_mono", False) else None
+        mono_sampler = StepSampler(len(mono.src), o.batch_size, cfg.seed + 1) if mono is not None else None
         metrics_log = MetricsLog(run_dir, cfg, accelerator, start_step=state.step)
         log.info("method %s, %d processes x %d micro-steps, global batch %d, %d trainable parameters, %d training pairs",
                  cfg.method, accelerator.num_processes, o.grad_accum, o.batch_size, sum(p.numel() for p in params), len(train_set.src))
@@ -104,7 +113,8 @@ def train(cfg: Config) -> TrainResult:
         def save() -> None:
             state.elapsed = time.time() - start
             ckpt.save_checkpoint(run_dir / "checkpoints", state.step, model=prepared, optimizer=optimizer, scheduler=scheduler,
-                                 state=asdict(state), accelerator=accelerator, keep_last=cfg.output.keep_last)
+                                 state=asdict(state), accelerator=accelerator, keep_last=cfg.output.keep_last,
+                                 method_state=method.state_dict() if hasattr(method, "state_dict") else None)
 
         def stopped_early() -> bool:
             return 0 < cfg.eval.patience <= state.bad_evals
@@ -114,7 +124,8 @@ def train(cfg: Config) -> TrainResult:
         bar = tqdm(total=o.max_steps, initial=state.step, disable=not (accelerator.is_main_process and cfg.logging.progress_bar))
         while state.step < o.max_steps and not stopped_early():
             state.step += 1
-            metrics = train_step(state.step, cfg, accelerator, translator, prepared, method, optimizer, scheduler, sampler, train_set)
+            metrics = train_step(state.step, cfg, accelerator, translator, prepared, method, optimizer, scheduler, sampler, train_set,
+                                 mono=mono, mono_sampler=mono_sampler)
             bar.update(1)
             bar.set_postfix(loss=f"{metrics['loss']:.4f}")
             if state.step % cfg.logging.every == 0:
@@ -144,46 +155,92 @@ def train(cfg: Config) -> TrainResult:
             handler.close()
 
 
-def train_step(step, cfg, accelerator, translator, model, method, optimizer, scheduler, sampler, data) -> dict[str, float]:
-    """One optimiser step over the global batch of ``step``: every micro-step's loss is its
-    contribution to the step's mean, so the summed gradient is the full-batch gradient."""
-    world, accum = accelerator.num_processes, cfg.optim.grad_accum
+def train_step(step, cfg, accelerator, translator, model, method, optimizer, scheduler, sampler, data,
+               mono=None, mono_sampler=None) -> dict[str, float]:
+    """One step of the loop over the global batch of ``step``: rollouts, then one optimiser update
+    (or, for PPO, one per epoch and minibatch). Every micro-step's loss is its contribution to the
+    update's mean, so the summed gradient is the full-batch gradient."""
+    world, accum, rank = accelerator.num_processes, cfg.optim.grad_accum, accelerator.process_index
     # ``step`` counts from 1 (steps done once it ends); the sampler's steps count from 0.
     every = sampler.global_indices(step - 1)
     global_tokens = count_label_tokens(translator, data, every)
-    sums: dict[str, float] = {"loss": 0.0}
+    batches = []
     for micro in range(accum):
-        idx = sampler.local_indices(step - 1, micro, accelerator.process_index, world, accum)
-        batch = make_batch(translator, data, idx, global_tokens, len(every), accelerator.device)
-        # Gradients are exchanged once, on the last micro-step.
-        with accelerator.no_sync(model) if micro < accum - 1 else contextlib.nullcontext():
-            with torch.no_grad():
-                rollout = method.rollout(batch)
-            out = method.loss(rollout)
-            # DDP averages gradients over processes; the contributions must be summed.
-            accelerator.backward(out.loss * world)
-        sums["loss"] += out.loss.item()
-        for key, value in out.metrics.items():
+        idx = sampler.local_indices(step - 1, micro, rank, world, accum)
+        batch = make_batch(translator, data, idx, global_tokens, len(every), accelerator.device, step=step)
+        if mono is not None:
+            batch.mono = [mono.src[i] for i in mono_sampler.local_indices(step - 1, micro, rank, world, accum)]
+            batch.global_mono = mono_sampler.global_batch
+        batches.append(batch)
+    sums: dict[str, float] = {"loss": 0.0}
+    before_step = getattr(method, "before_step", None)
+    if before_step is not None:
+        # Work of the whole step that must precede its micro-steps (QE-dynamic's QE update); the
+        # method sums what it needs over processes itself, through this callable.
+        for key, value in before_step(batches, lambda t: accelerator.reduce(t, "sum")).items():
             sums[key] = sums.get(key, 0.0) + float(value)
-    keys = sorted(sums)
-    totals = accelerator.reduce(torch.tensor([sums[k] for k in keys], dtype=torch.float64, device=accelerator.device), "sum")
-    params = [p for p in model.parameters() if p.requires_grad]
+    # 1. Rollouts of every micro-batch, without gradients: samples, scores, old log-probs.
+    with torch.no_grad():
+        rollouts = [method.rollout(batch) for batch in batches]
+    # 2. What needs the whole step (baselines, advantage whitening, the KL controller): the method
+    #    sees every process's rollouts through ``gather`` (concatenation over processes).
+    finish_rollouts = getattr(method, "finish_rollouts", None)
+    if finish_rollouts is not None:
+        rollouts = finish_rollouts(rollouts, accelerator.gather)
+    # 3. Updates: one optimiser update per (epoch, minibatch) of the rollouts, 1 x 1 unless the
+    #    method asks for more (PPO). Each micro-batch contributes its share of the minibatch.
+    epochs, minibatches = getattr(method, "epochs", 1), getattr(method, "minibatches", 1)
+    minibatch = getattr(method, "minibatch", None)
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    extra = list(getattr(method, "extra_parameters", list)())
     # With clipping off, an infinite threshold still measures the norm and scales by exactly 1.
     max_norm = cfg.optim.max_grad_norm if cfg.optim.max_grad_norm > 0 else math.inf
-    grad_norm = accelerator.clip_grad_norm_(params, max_norm)
+    updates: dict[str, float] = {"loss": 0.0}
+    grad_norm = 0.0
+    for epoch in range(epochs):
+        for part in range(minibatches):
+            for micro, rollout in enumerate(rollouts):
+                # Gradients are exchanged once, on the last micro-step.
+                with accelerator.no_sync(model) if micro < accum - 1 else contextlib.nullcontext():
+                    out = method.loss(minibatch(rollout, epoch, part) if minibatch is not None else rollout)
+                    # DDP averages gradients over processes; the contributions must be summed.
+                    accelerator.backward(out.loss * world)
+                updates["loss"] += out.loss.item()
+                for key, value in out.metrics.items():
+                    updates[key] = updates.get(key, 0.0) + float(value)
+            average_gradients(accelerator, extra)
+            grad_norm += float(accelerator.clip_grad_norm_(params, max_norm))
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
     lr = scheduler.get_last_lr()[0]
-    optimizer.step()
+    # One schedule step per optimiser step of the loop, however many updates it made (as TRL's PPO).
     scheduler.step()
-    optimizer.zero_grad(set_to_none=True)
-    return {"lr": lr, "grad_norm": float(grad_norm), **dict(zip(keys, totals.tolist()))}
+    # Logged: the mean over updates of each update's total, plus the once-per-step metrics.
+    n_updates = epochs * minibatches
+    for key, value in updates.items():
+        sums[key] = sums.get(key, 0.0) + value / n_updates
+    keys = sorted(sums)
+    totals = accelerator.reduce(torch.tensor([sums[k] for k in keys], dtype=torch.float64, device=accelerator.device), "sum")
+    # grad_norm is already the same on every process: not summed.
+    return {"lr": lr, "grad_norm": grad_norm / n_updates, **dict(zip(keys, totals.tolist()))}
 
 
-def make_batch(translator, data, idx, global_tokens, global_examples, device) -> Batch:
+def average_gradients(accelerator, params) -> None:
+    """Average gradients over processes, as DDP does for the model's own parameters: a method's
+    extra parameters live outside the DDP wrapper."""
+    if accelerator.num_processes == 1:
+        return
+    for p in params:
+        if p.grad is not None:
+            p.grad.copy_(accelerator.reduce(p.grad, "mean"))
+
+
+def make_batch(translator, data, idx, global_tokens, global_examples, device, step=0) -> Batch:
     src = [data.src[i] for i in idx]
     tgt = [data.tgt[i] for i in idx] if data.tgt is not None else None
     enc = {k: v.to(device) for k, v in translator.encode(src, tgt).items()}
     return Batch(src=src, tgt=tgt, input_ids=enc["input_ids"], attention_mask=enc["attention_mask"], labels=enc.get("labels"),
-                 global_tokens=global_tokens, global_examples=global_examples)
+                 global_tokens=global_tokens, global_examples=global_examples, step=step)
 
 
 def count_label_tokens(translator, data, idx) -> int:
@@ -225,9 +282,21 @@ def load_data(cfg, translator):
     return train_set, dev_set
 
 
+def load_mono(cfg, translator):
+    """The source-only pool, length-filtered on the source side like the training pairs."""
+    d = cfg.data
+    if not d.mono.path:
+        raise QeebmError(f"method '{cfg.method}' needs a source-only pool: set data.mono.path")
+    mono = read_corpus(d.mono, "mono", need_target=False, on_error=d.on_error, log=log)
+    return filter_corpus(mono, max_tokens=d.max_tokens, dedup=d.dedup, log=log,
+                         count_src=lambda texts: translator.num_tokens(texts, "src"))
+
+
 def check_config(cfg, world: int) -> None:
     """What can be wrong before anything slow is loaded."""
-    METHODS[cfg.method]  # an unknown name raises, naming the closest
+    method = METHODS[cfg.method]  # an unknown name raises, naming the closest
+    if hasattr(method, "check_config"):
+        method.check_config(cfg)
     o = cfg.optim
     if o.grad_accum < 1 or o.batch_size % (world * o.grad_accum):
         raise QeebmError(f"optim.batch_size={o.batch_size} must be divisible by processes x optim.grad_accum = "

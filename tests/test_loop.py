@@ -5,6 +5,7 @@ the run directory's files."""
 from __future__ import annotations
 
 import json
+import re
 import os
 import signal
 import socket
@@ -108,7 +109,9 @@ def test_run_directory_holds_config_metrics_best_and_final(base, tmp_path):
     assert [r["step"] for r in train_records] == [1, 2, 3, 4]
     for key in ("epoch", "lr", "loss", "grad_norm", "sft/nll", "sft/loss", "elapsed"):
         assert all(isinstance(r[key], float) for r in train_records), key
-    assert train_records[0]["epoch"] == pytest.approx(8 / 64)
+    # epoch = examples seen / training pairs kept by the length filter (logged in train.log).
+    kept = int(re.search(r"train: kept (\d+) of", (run / "train.log").read_text(encoding="utf-8")).group(1))
+    assert train_records[0]["epoch"] == pytest.approx(8 / kept)
     val = [r for r in records if "val/chrf" in r]
     assert [r["step"] for r in val] == [2, 4]
     assert all({"val/bleu", "val/chrf", "val/loss"} <= r.keys() for r in val)

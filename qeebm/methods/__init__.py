@@ -6,6 +6,9 @@ import difflib
 
 from qeebm.errors import QeebmError
 from qeebm.methods.base import Batch, Method, StepOutput
+from qeebm.methods.ppo import PPO
+from qeebm.methods.qe_ebm import QeEbm
+from qeebm.methods.reinforce import Reinforce
 from qeebm.methods.sft import SFT
 
 
@@ -17,6 +20,6 @@ class _Registry(dict):
         raise QeebmError(f"unknown method '{name}'{hint}; known methods: {', '.join(sorted(self))}")
 
 
-METHODS: dict[str, type] = _Registry(sft=SFT)
+METHODS: dict[str, type] = _Registry(sft=SFT, reinforce=Reinforce, ppo=PPO, **{"qe-ebm": QeEbm})
 
 __all__ = ["METHODS", "Batch", "Method", "StepOutput"]

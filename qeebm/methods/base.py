@@ -23,6 +23,10 @@ class Batch:
     ``labels``: [B, T] target tokens, padding = -100, or None without targets.
     ``global_tokens``: label tokens in the whole optimiser step (all processes, all micro-steps).
     ``global_examples``: examples in the whole optimiser step (``optim.batch_size``).
+    ``step``: the optimiser step this micro-batch belongs to, counted from 1 (for schedules).
+    ``mono``: this micro-batch's slice of the source-only pool (``data.mono``), drawn by its own step
+    sampler, or None; filled only for a method whose class sets ``needs_mono = True``.
+    ``global_mono``: source-only sentences in the whole optimiser step (0 without a pool).
 
     Dividing a sum over this micro-batch by a ``global_*`` count gives its contribution to the mean
     over the step, which is what ``Method.loss`` returns (docs/design.md).
@@ -35,6 +39,9 @@ class Batch:
     labels: torch.Tensor | None
     global_tokens: int
     global_examples: int
+    step: int = 0
+    mono: list[str] | None = None
+    global_mono: int = 0
 
 
 @dataclass
@@ -48,6 +55,27 @@ class StepOutput:
 
 
 class Method(Protocol):
+    """The two calls every method has. Optional, looked up by the loop with ``getattr``:
+
+    * ``needs_mono = True`` (class attribute): the loop reads ``data.mono`` and fills ``Batch.mono``;
+    * ``check_config(cfg)`` (classmethod): method-specific checks before any model is loaded;
+    * ``before_step(batches, all_reduce) -> dict[str, float]``: work done once per optimiser step,
+      before its micro-steps, on this process's micro-batches of the step (QE-dynamic's QE update).
+      ``all_reduce(tensor)`` sums a tensor over processes. Returns metric contributions;
+    * ``state_dict()`` / ``load_state_dict(state)``: state the method owns (a QE and its optimiser,
+      a running-mean baseline, a KL controller, a value head), saved in every checkpoint and
+      restored on resume;
+    * ``extra_parameters() -> list[Parameter]``: trainable parameters of the method's own (PPO's
+      value head), put in the loop's one optimiser, clipped with the model's and averaged over
+      processes like DDP does for the model;
+    * ``finish_rollouts(rollouts, gather) -> rollouts``: called once all micro-steps' rollouts of
+      the step exist, for what needs the whole step (baselines, whitening, KL control).
+      ``gather(tensor)`` concatenates a 1-d tensor over processes;
+    * ``epochs``, ``minibatches`` (ints, default 1) and ``minibatch(rollout, epoch, index)``: the loop
+      makes one optimiser update per (epoch, minibatch), calling ``loss`` on
+      ``minibatch(rollout, epoch, index)`` of every micro-step's rollout (PPO).
+    """
+
     def rollout(self, batch: Batch) -> Any:
         """Everything that needs no gradient: sampling, scoring, old log-probs."""
         ...

@@ -1,0 +1,305 @@
+"""PPO with a QE reward: the actor-critic baseline of the QE-EBM paper.
+
+The paper ran seq2seq PPO with TRL's former defaults (../shared/notes/method.md): a value head,
+adaptive KL to the initial model, GAE, clipped policy and value losses, 2 PPO epochs over
+minibatches of each rollout. One optimiser step of the loop is one rollout here:
+
+1. sample K translations of each source-only sentence, stopping at </s> (the reference code never
+   stopped: it passed eos_token_id=-1);
+2. score them: QE minus the guards' penalty, one number per sample;
+3. record the policy's log-probs and values and the reference policy's log-probs of the sampled
+   tokens. The reference is the initial model: with LoRA the same network with its adapter
+   disabled (no second copy), otherwise a frozen copy made before any update;
+4. per-token rewards: -kl_coef * (logp - ref_logp) at every token, the score added at the last;
+5. adapt kl_coef to the step's mean KL (Ziegler et al. 2019), for the next step;
+6. GAE(gamma, lambda); advantages whitened over the step's tokens;
+7. plan the minibatches: per PPO epoch, a random partition of every micro-batch into M parts;
+8. (called by the loop for each epoch and minibatch, one optimiser update each) clipped policy
+   loss + value_coef * clipped value loss [+ alpha * CE on the labelled batch].
+
+Steps 5-7 see the whole step (all processes and micro-steps) through ``gather``, so the updates do
+not depend on how the step was split. Losses are token means over the minibatch (TRL's masked_mean)
+written as contributions: summed over the minibatch's share in this micro-batch and divided by
+the minibatch's global token count.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from qeebm.config import Config
+from qeebm.errors import QeebmError
+from qeebm.guards import GuardResult, hit_rates
+from qeebm.methods.base import Batch, StepOutput
+from qeebm.methods.reinforce import QEReward, Samples, check_static_qe, mono_sources, sample, sampling_config
+from qeebm.methods.sft import SFT
+from qeebm.rl import (
+    AdaptiveKLController,
+    FixedKLController,
+    gae,
+    masked_moments,
+    per_token_rewards,
+    ppo_policy_loss,
+    ppo_value_loss,
+    sequence_kl,
+    sequence_logprobs,
+    whiten,
+)
+
+
+@dataclass
+class PPORollout:
+    """One micro-batch's rollout: B = N * K samples (``samples``, methods/reinforce.py) of its N
+    source-only sentences, and the labelled ``batch`` for the optional CE term.
+
+    From ``rollout``: ``logp``, ``ref_logp``, ``values`` [B, T]: the policy's and the reference's
+    log-probs of the sampled tokens and the value head's estimates, all 0 off ``samples.mask``;
+    ``scores`` [B]: the reward model's score (QE minus guard penalties); ``qe`` [B]: QE alone.
+    From ``finish_rollouts``: ``kl`` [B] (sum over tokens of logp - ref_logp), ``kl_coef``,
+    ``token_rewards``, ``advantages``, ``returns`` [B, T] (0 off the mask); ``plan[e][m]``: the
+    (sample rows, labelled rows) of minibatch m in PPO epoch e; ``norms`` [E, M, 3]: every
+    minibatch's global (tokens, samples, label tokens).
+    """
+
+    batch: Batch
+    samples: Samples
+    logp: torch.Tensor
+    ref_logp: torch.Tensor
+    values: torch.Tensor
+    scores: torch.Tensor
+    qe: torch.Tensor
+    guards: GuardResult | None
+    kl: torch.Tensor | None = None
+    kl_coef: float = 0.0
+    token_rewards: torch.Tensor | None = None
+    advantages: torch.Tensor | None = None
+    returns: torch.Tensor | None = None
+    plan: list | None = None
+    norms: torch.Tensor | None = None
+
+
+@dataclass
+class PPOMinibatch:
+    """This micro-batch's share of one minibatch: ``rows`` of ``rollout`` and ``labelled`` (a slice
+    of the labelled batch whose ``global_tokens`` is the minibatch's, or None); ``tokens`` and
+    ``samples``: the minibatch's global counts, the normalisers of its losses and metrics."""
+
+    rollout: PPORollout
+    rows: torch.Tensor
+    labelled: Batch | None
+    tokens: float
+    samples: float
+
+
+class PPO:
+    name = "ppo"
+    needs_mono = True
+
+    @classmethod
+    def check_config(cls, cfg: Config) -> None:
+        check_static_qe(cfg)
+        c = cfg.ppo
+        for key in ("num_samples", "epochs", "minibatches"):
+            if getattr(c, key) < 1:
+                raise QeebmError(f"ppo.{key} must be at least 1; got {getattr(c, key)}")
+
+    def __init__(self, cfg: Config, translator, model: torch.nn.Module):
+        self.cfg, self.c = cfg, cfg.ppo
+        self.translator, self.model = translator, model
+        # The loop runs epochs x minibatches optimiser updates over each rollout.
+        self.epochs, self.minibatches = self.c.epochs, self.c.minibatches
+        self.gen = sampling_config(self.c)
+        self.reward = QEReward(cfg, translator, self.c.guards)
+        self.ce = SFT(cfg, translator, model) if self.c.alpha > 0 else None
+        # Value head: V(s_t) from the decoder's last hidden state at position t, which has seen the
+        # tokens before t; trained by the loop's optimiser (extra_parameters), saved in state_dict.
+        hidden = translator.model.config.d_model
+        self.value_head = torch.nn.Linear(hidden, 1).to(translator.device)
+        c = self.c
+        self.kl_ctl = (AdaptiveKLController(c.init_kl_coef, c.kl_target, c.kl_horizon) if c.adaptive_kl
+                       else FixedKLController(c.init_kl_coef))
+        # The loop builds the method before it restores a checkpoint, so this copy holds the
+        # initial weights even on resume. With LoRA there is no copy: see reference_policy.
+        self.reference = None
+        if not translator.is_lora:
+            self.reference = copy.deepcopy(translator.model).eval().requires_grad_(False)
+
+    def extra_parameters(self) -> list[torch.nn.Parameter]:
+        return list(self.value_head.parameters())
+
+    def state_dict(self) -> dict:
+        return {"value_head": {k: v.detach().cpu() for k, v in self.value_head.state_dict().items()},
+                "kl_ctl": self.kl_ctl.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        # In place: the optimiser holds these very parameters.
+        self.value_head.load_state_dict(state["value_head"])
+        self.kl_ctl.load_state_dict(state["kl_ctl"])
+
+    # ------------------------------------------------------------------------------------------
+    # Forward passes
+
+    @contextlib.contextmanager
+    def reference_policy(self):
+        """The initial policy, always without dropout: with LoRA the same module with its adapter
+        disabled (peft), so the reference costs no memory; otherwise the frozen copy."""
+        if self.reference is not None:
+            yield self.reference
+            return
+        model, was_training = self.translator.model, self.translator.model.training
+        model.eval()
+        try:
+            with model.disable_adapter():
+                yield model
+        finally:
+            model.train(was_training)
+
+    @contextlib.contextmanager
+    def policy_mode(self, module):
+        """Dropout off for every PPO forward (as TRL does), so old and new log-probs come from the same
+        function and the first update's ratios are exactly 1."""
+        was_training = module.training
+        if self.c.disable_dropout:
+            module.eval()
+        try:
+            yield
+        finally:
+            module.train(was_training)
+
+    def forward(self, module, s: Samples, rows=None, values: bool = True):
+        """Token log-probs [b, T] and values [b, T] (0 off the mask; values None if not asked)."""
+        pick = (lambda t: t) if rows is None else (lambda t: t[rows])
+        mask = pick(s.mask)
+        out = module(input_ids=pick(s.input_ids), attention_mask=pick(s.attention_mask),
+                     decoder_input_ids=pick(s.decoder_input_ids), output_hidden_states=values, use_cache=False)
+        logp, _ = sequence_logprobs(out.logits, pick(s.tokens), mask)  # [b, T]
+        if not values:
+            return logp, None
+        v = self.value_head(out.decoder_hidden_states[-1].float()).squeeze(-1)  # [b, T]
+        return logp, torch.where(mask, v, torch.zeros_like(v))
+
+    # ------------------------------------------------------------------------------------------
+    # Rollout (no gradient)
+
+    @torch.no_grad()
+    def rollout(self, batch: Batch) -> PPORollout:
+        # 1. Sample, stopping at </s>.
+        s = sample(self.translator, mono_sources(batch), self.c.num_samples, self.gen)
+        # 2. Score.
+        scores, qe, guards = self.reward(s.src, s.hyps)
+        # 3. Old log-probs and values of the policy (the unwrapped module: no gradient, no DDP);
+        #    log-probs of the reference.
+        policy = self.translator.model
+        with self.policy_mode(policy):
+            logp, values = self.forward(policy, s)
+        with self.reference_policy() as ref:
+            ref_logp, _ = self.forward(ref, s, values=False)
+        device = s.tokens.device
+        return PPORollout(batch=batch, samples=s, logp=logp, ref_logp=ref_logp, values=values,
+                          scores=scores.to(device), qe=qe.to(device), guards=guards)
+
+    def finish_rollouts(self, rollouts: list[PPORollout], gather) -> list[PPORollout]:
+        """Steps 4-7 over the whole step; ``gather(t)`` concatenates a 1-d tensor over processes."""
+        c = self.c
+        # 4. Per-token rewards with this step's KL coefficient.
+        kl_coef = self.kl_ctl.value
+        for r in rollouts:
+            mask = r.samples.mask
+            r.kl_coef = kl_coef
+            r.kl = sequence_kl(r.logp, r.ref_logp, mask)  # [B]
+            r.token_rewards = per_token_rewards(r.scores, r.logp, r.ref_logp, mask, kl_coef)  # [B, T]
+        # 5. The controller sees the step's mean KL over all its samples (TRL passes the batch size).
+        kl_all = gather(torch.cat([r.kl for r in rollouts]))
+        self.kl_ctl.update(kl_all.mean().item(), kl_all.numel())
+        # 6. GAE, then advantages whitened with the step's moments.
+        for r in rollouts:
+            r.advantages, r.returns = gae(r.token_rewards, r.values, r.samples.mask, c.gamma, c.lam)
+        if c.whiten_advantages:
+            local = torch.stack([masked_moments(r.advantages, r.samples.mask) for r in rollouts]).sum(0)  # [3]
+            moments = gather(local).view(-1, 3).sum(0)
+            for r in rollouts:
+                r.advantages = whiten(r.advantages, r.samples.mask, moments=moments)
+        # 7. Minibatch plan, and every minibatch's global token / sample / label-token counts.
+        e_, m_ = self.epochs, self.minibatches
+        device = rollouts[0].samples.tokens.device
+        counts = torch.zeros(e_, m_, 3, dtype=torch.float64, device=device)
+        for r in rollouts:
+            b = r.samples.tokens.shape[0]
+            if b < m_:
+                raise QeebmError(f"ppo.minibatches={m_} but a micro-batch holds only {b} samples; lower "
+                                 "ppo.minibatches or raise optim.batch_size (or ppo.num_samples)")
+            labels = r.batch.labels if self.ce is not None else None
+            r.plan = []
+            for e in range(e_):
+                rows = torch.randperm(b).to(device).tensor_split(m_)
+                lab = (torch.randperm(labels.shape[0]).to(device).tensor_split(m_) if labels is not None
+                       else [None] * m_)
+                r.plan.append(list(zip(rows, lab)))
+                for m, (rw, lb) in enumerate(r.plan[-1]):
+                    counts[e, m, 0] += r.samples.mask[rw].sum()
+                    counts[e, m, 1] += len(rw)
+                    if lb is not None:
+                        counts[e, m, 2] += (labels[lb] != -100).sum()
+        norms = gather(counts.flatten()).view(-1, e_, m_, 3).sum(0)
+        for r in rollouts:
+            r.norms = norms
+        return rollouts
+
+    def minibatch(self, r: PPORollout, epoch: int, index: int) -> PPOMinibatch:
+        rows, lab = r.plan[epoch][index]
+        tokens, samples, label_tokens = r.norms[epoch, index].tolist()
+        labelled = None
+        if lab is not None and len(lab) > 0:
+            b, keep = r.batch, lab.tolist()
+            labelled = dataclasses.replace(
+                b, src=[b.src[i] for i in keep], tgt=[b.tgt[i] for i in keep] if b.tgt is not None else None,
+                input_ids=b.input_ids[lab], attention_mask=b.attention_mask[lab], labels=b.labels[lab],
+                global_tokens=int(label_tokens))
+        return PPOMinibatch(rollout=r, rows=rows, labelled=labelled, tokens=tokens, samples=samples)
+
+    # ------------------------------------------------------------------------------------------
+    # Loss of one minibatch share
+
+    def loss(self, mb: PPOMinibatch) -> StepOutput:
+        if not isinstance(mb, PPOMinibatch):
+            raise RuntimeError("PPO.loss takes a minibatch: the loop must call finish_rollouts and minibatch first")
+        c, r, rows = self.c, mb.rollout, mb.rows
+        mask = r.samples.mask[rows]  # [b, T]
+        # 8. Clipped surrogate and clipped value loss, token means over the minibatch.
+        with self.policy_mode(self.model):
+            logp, values = self.forward(self.model, r.samples, rows)
+        pg, stats = ppo_policy_loss(logp, r.logp[rows], r.advantages[rows], mask, c.clip, normaliser=mb.tokens)
+        vf, vstats = ppo_value_loss(values, r.values[rows], r.returns[rows], mask, c.value_clip, normaliser=mb.tokens)
+        loss = pg + c.value_coef * vf
+        n = mb.samples
+        kl = r.kl[rows]
+        metrics = {
+            "ppo/policy_loss": pg.item(),
+            "ppo/value_loss": vf.item(),
+            "ppo/clipfrac": stats["clipfrac"].item(),
+            "ppo/approx_kl": stats["approx_kl"].item(),
+            "ppo/ratio": stats["ratio_mean"].item(),
+            "ppo/vf_clipfrac": vstats["vf_clipfrac"].item(),
+            # Rollout statistics (per sample): the same in every epoch.
+            "ppo/kl": kl.sum().item() / n,
+            "ppo/kl_coef": r.kl_coef * len(rows) / n,
+            "ppo/score": r.scores[rows].sum().item() / n,
+            "ppo/qe": r.qe[rows].sum().item() / n,
+            "ppo/reward": (r.scores[rows] - r.kl_coef * kl).sum().item() / n,
+            "ppo/sample_len": mask.sum().item() / n,
+        }
+        if mb.labelled is not None:
+            ce = self.ce.loss(mb.labelled)
+            loss = loss + c.alpha * ce.loss
+            metrics |= {"ppo/ce": ce.metrics["sft/loss"], "ppo/nll": ce.metrics["sft/nll"]}
+        if r.guards is not None:
+            keep = rows.tolist()
+            share = GuardResult(penalty=[r.guards.penalty[i] for i in keep],
+                                hits={k: [v[i] for i in keep] for k, v in r.guards.hits.items()})
+            metrics |= hit_rates(share, normaliser=n)
+        return StepOutput(loss=loss, metrics=metrics)

@@ -1,0 +1,364 @@
+"""QE-EBM: a quality estimator's negated score as an energy loss on the translator's own samples.
+
+The method (../shared/notes/method.md; Yoo & Lee, arXiv 2410.10228), per micro-batch:
+
+1. rollout, no gradient: K samples per source of the source-only batch (``Batch.mono``) with
+   ``Translator.generate_ids``. The emitted tokens are the translations; nothing re-takes an argmax
+   (the reference code scored the teacher-forced argmax, which can differ from the sample).
+2. loss: the teacher-forced logits of the model being trained on those samples go through the
+   relaxation into CometKiwi (``KiwiEnergy``), E(x, y_k) = -QE(x, y_k); with the labelled batch's
+   label-smoothed cross-entropy, L = alpha * CE + beta * mean_k E (``schedule``).
+
+QE-dynamic also trains the QE: once per optimiser step, before its micro-steps (``before_step``), one
+update of the selected QE parts with the translator frozen, on the step's labelled batch: the reference
+against K fresh samples, NCE with the translator as noise distribution or a margin ranking. The QE never
+gets a gradient from the translator's loss: its parameters require grad only inside that update, and
+they are in no optimiser but the method's own.
+
+Normalisation (docs/design.md): each returned loss and metric is this micro-batch's contribution to
+the step's global mean: CE over the step's label tokens, energies and sample statistics over the
+step's global_mono * K samples, the QE loss over its terms in the whole step.
+
+Several processes: the loop wraps the translator in DDP; the QE is not wrapped. Its gradients are
+summed over processes with the ``all_reduce`` the loop hands to ``before_step`` (every process's loss
+is its contribution to the global mean, so the sum is the full-batch gradient), and every process
+starts from the same QE (the checkpoint, and LoRA adapters drawn from ``cfg.seed`` in a forked RNG),
+so all processes apply the same update and hold the same QE after every step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from qeebm.config import Config, GenerationConfig, QEConfig, QeEbmConfig
+from qeebm.errors import QeebmError
+from qeebm.methods.base import Batch, StepOutput
+
+log = logging.getLogger(__name__)
+
+QE_PARTS = ("head", "layerwise", "lora")
+
+
+def schedule(step: int, c: QeEbmConfig) -> tuple[float, float]:
+    """(alpha, beta) at optimiser step ``step``, counted from 1."""
+    # Reference code: beta = min(1, step / 4000) * 0.001, alpha = 1 - 10 * beta.
+    ramp = min(1.0, step / c.beta_ramp_steps) if c.beta_ramp_steps > 0 else 1.0
+    beta = c.beta_max * ramp
+    alpha = c.alpha if c.alpha is not None else 1.0 - c.alpha_coupling * beta
+    return alpha, beta
+
+
+def _upcast(t: torch.Tensor) -> torch.Tensor:
+    # Half-precision logits (mixed precision) are unsafe for softmax/CE; double stays double (tests).
+    return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
+
+
+def _same_text(a: str, b: str) -> bool:
+    return " ".join(a.split()).casefold() == " ".join(b.split()).casefold()
+
+
+@dataclass
+class QeEbmRollout:
+    """What ``loss`` needs. M source-only sentences with K samples each, rows of one source adjacent.
+
+    batch:             the labelled micro-batch (the CE term).
+    src:               M*K source strings (each repeated K times).
+    input_ids, attention_mask: ``[M*K, S]`` the sources, repeated.
+    decoder_input_ids: ``[M*K, T]`` teacher-forcing inputs replaying the samples (``</s>``, code, ...).
+    mt_ids:            ``[M*K, T]`` the emitted tokens (code, tokens, ``</s>``, padding).
+    mt_mask:           ``[M*K, T]`` True up to and including the first ``</s>``.
+    alpha, beta:       this step's weights.
+    normaliser:        samples in the whole step, ``global_mono * K``.
+    stats:             sample statistics, already contributions.
+    """
+
+    batch: Batch
+    src: list[str]
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    decoder_input_ids: torch.Tensor
+    mt_ids: torch.Tensor
+    mt_mask: torch.Tensor
+    alpha: float
+    beta: float
+    normaliser: int
+    stats: dict[str, float]
+
+
+class QeEbm:
+    name = "qe-ebm"
+    needs_mono = True
+
+    def __init__(self, cfg: Config, translator, model: torch.nn.Module):
+        self.check_config(cfg)
+        self.c, self.q = cfg.qe_ebm, cfg.qe
+        self.translator, self.model = translator, model
+        self.label_smoothing = cfg.optim.label_smoothing
+        self.k = self.c.num_samples
+        # top_k 0 / top_p 1 / temperature 1: pure ancestral sampling, as the reference code sampled.
+        self.gen = GenerationConfig(num_beams=1, do_sample=True, max_new_tokens=self.c.max_new_tokens,
+                                    temperature=self.c.temperature, top_k=self.c.top_k, top_p=self.c.top_p)
+        self.dynamic = self.q.mode == "dynamic"
+        self.energy = load_energy(self.q.path, translator, freeze=not self.dynamic)
+        self.qe = self.energy.qe
+        self.qe_params: dict[str, torch.nn.Parameter] = {}
+        if self.dynamic:
+            self.qe_params = select_qe_parts(self.qe, self.q, seed=cfg.seed)
+        self.energy.to(translator.device)
+        self.qe_optimizer = (torch.optim.AdamW(list(self.qe_params.values()), lr=self.q.lr,
+                                               weight_decay=self.q.weight_decay) if self.dynamic else None)
+        log.info("QE %s (%s): %d trainable parameters%s", self.q.path, self.q.mode,
+                 sum(p.numel() for p in self.qe_params.values()),
+                 f" ({', '.join(self.q.train_parts)}; updated every {self.q.interval} step(s) after step {self.q.warmup_steps})"
+                 if self.dynamic else "")
+
+    @classmethod
+    def check_config(cls, cfg: Config) -> None:
+        c, q = cfg.qe_ebm, cfg.qe
+        for key, value, low in (("qe_ebm.num_samples", c.num_samples, 1), ("qe_ebm.max_new_tokens", c.max_new_tokens, 1),
+                                ("qe_ebm.beta_ramp_steps", c.beta_ramp_steps, 0), ("qe.interval", q.interval, 1),
+                                ("qe.warmup_steps", q.warmup_steps, 0)):
+            if value < low:
+                raise QeebmError(f"config key '{key}' must be >= {low}; got {value}")
+        if c.tau <= 0:
+            raise QeebmError(f"config key 'qe_ebm.tau' must be > 0; got {c.tau}")
+        unknown = [p for p in q.train_parts if p not in QE_PARTS]
+        if unknown:
+            raise QeebmError(f"config key 'qe.train_parts' has unknown parts {unknown}; choose from {', '.join(QE_PARTS)}")
+        if q.mode == "dynamic" and not q.train_parts:
+            raise QeebmError("qe.mode=dynamic needs at least one of qe.train_parts (head, layerwise, lora)")
+
+    # ------------------------------------------------------------------------------ NMT phase
+    @torch.no_grad()
+    def rollout(self, batch: Batch) -> QeEbmRollout:
+        if batch.labels is None:
+            raise QeebmError("method 'qe-ebm' needs target sentences for its CE term; the training corpus has none")
+        if not batch.mono:
+            raise QeebmError("method 'qe-ebm' got no source-only sentences (data.mono)")
+        tr, k = self.translator, self.k
+        alpha, beta = schedule(batch.step, self.c)
+        enc = {key: v.to(tr.device) for key, v in tr.encode(batch.mono).items()}
+        seqs = tr.generate_ids(enc["input_ids"], enc["attention_mask"], self.gen, num_return_sequences=k)  # [M*K, T+1]
+        # generate_ids puts the K samples of a source on adjacent rows; the sources follow suit.
+        input_ids = enc["input_ids"].repeat_interleave(k, 0)  # [M*K, S]
+        attention_mask = enc["attention_mask"].repeat_interleave(k, 0)
+        tf = tr.teacher_forcing(seqs)
+        mt_ids, mt_mask = seqs[:, 1:], tf["labels"] != -100  # [M*K, T]
+        src = [s for s in batch.mono for _ in range(k)]
+        texts = self.texts(mt_ids, mt_mask)
+        norm = batch.global_mono * k
+        share = len(batch.src) / batch.global_examples  # this micro-batch's share of the step
+        stats = {
+            "qe-ebm/alpha": alpha * share,
+            "qe-ebm/beta": beta * share,
+            "qe-ebm/len_ratio": sum(len(t) / max(1, len(s)) for t, s in zip(texts, src)) / norm,
+            "qe-ebm/empty_rate": sum(not t.strip() for t in texts) / norm,
+            "qe-ebm/copy_rate": sum(bool(t.strip()) and _same_text(t, s) for t, s in zip(texts, src)) / norm,
+        }
+        if self.c.relaxation != "st":
+            # Only the straight-through forward value is the exact score of the emitted text.
+            stats["qe-ebm/sample_score"] = self.energy.score_ids(src, mt_ids, mt_mask).sum().item() / norm
+        return QeEbmRollout(batch=batch, src=src, input_ids=input_ids, attention_mask=attention_mask,
+                            decoder_input_ids=tf["decoder_input_ids"], mt_ids=mt_ids, mt_mask=mt_mask,
+                            alpha=alpha, beta=beta, normaliser=norm, stats=stats)
+
+    def loss(self, r: QeEbmRollout) -> StepOutput:
+        b = r.batch
+        # The CE term exactly as method 'sft' computes it, so beta = 0 is SFT bit for bit.
+        logits = self.model(input_ids=b.input_ids, attention_mask=b.attention_mask, labels=b.labels).logits
+        logits = _upcast(logits).flatten(0, 1)
+        ce = F.cross_entropy(logits, b.labels.flatten(), ignore_index=-100, label_smoothing=self.label_smoothing,
+                             reduction="sum") / max(b.global_tokens, 1)
+        # decoder_input_ids replay the samples; labels alone would make mBART rotate a cut-off row.
+        tf_logits = self.model(input_ids=r.input_ids, attention_mask=r.attention_mask,
+                               decoder_input_ids=r.decoder_input_ids).logits  # [M*K, T, V]
+        energy = self.energy(r.src, r.mt_ids, r.mt_mask, _upcast(tf_logits), relaxation=self.c.relaxation,
+                             tau=self.c.tau)  # [M*K]
+        e = energy.sum() / r.normaliser
+        loss = r.alpha * ce + r.beta * e
+        metrics = {"qe-ebm/ce": ce.item(), "qe-ebm/energy": e.item(), **r.stats}
+        if self.c.relaxation == "st":
+            metrics["qe-ebm/sample_score"] = -e.item()
+        return StepOutput(loss=loss, metrics=metrics)
+
+    # ------------------------------------------------------------------------------- QE phase
+    def qe_update_due(self, step: int) -> bool:
+        return self.dynamic and step > self.q.warmup_steps and step % self.q.interval == 0
+
+    def before_step(self, batches: list[Batch], all_reduce) -> dict[str, float]:
+        """QE-dynamic: one QE update on the step's labelled micro-batches, translator frozen.
+
+        Gradients of every micro-batch are summed here, then over processes by ``all_reduce``, so the
+        update is the full-batch one and the same on every process."""
+        if not batches or not self.qe_update_due(batches[0].step):
+            return {}
+        names = list(self.qe_params)
+        params = [self.qe_params[n] for n in names]
+        grads = [torch.zeros_like(p) for p in params]
+        metrics: dict[str, float] = {}
+        with self._qe_trainable():
+            for batch in batches:
+                loss, stats = self.qe_loss(batch)
+                for acc, g in zip(grads, torch.autograd.grad(loss, params, allow_unused=True)):
+                    if g is not None:
+                        acc.add_(g)
+                for key, value in stats.items():
+                    metrics[key] = metrics.get(key, 0.0) + value
+        flat = all_reduce(torch.cat([g.flatten() for g in grads]))
+        for p, g in zip(params, flat.split([g.numel() for g in grads])):
+            p.grad = g.view_as(p).clone()
+        if self.q.max_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(params, self.q.max_grad_norm)
+        self.qe_optimizer.step()
+        self.qe_optimizer.zero_grad(set_to_none=True)
+        return metrics
+
+    def qe_loss(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+        """This micro-batch's contribution to the QE loss of the step, and its statistics."""
+        if batch.labels is None or batch.tgt is None:
+            raise QeebmError("qe.mode=dynamic trains the QE on references; the training corpus has none")
+        tr, k, n = self.translator, self.k, len(batch.src)
+        with torch.no_grad():
+            seqs = tr.generate_ids(batch.input_ids, batch.attention_mask, self.gen, num_return_sequences=k)  # [N*K, T+1]
+            input_ids = batch.input_ids.repeat_interleave(k, 0)  # [N*K, S]
+            attention_mask = batch.attention_mask.repeat_interleave(k, 0)
+            tf = tr.teacher_forcing(seqs)
+            samples = self.texts(seqs[:, 1:], tf["labels"] != -100)
+            # log pbar: the noise distribution's (translator's) smoothed mean token log-probability.
+            logp_ref = self.mean_logprob(batch.input_ids, batch.attention_mask, batch.labels)  # [N]
+            logp_smp = self.mean_logprob(input_ids, attention_mask, tf["labels"], tf["decoder_input_ids"])  # [N*K]
+        src = list(batch.src) + [s for s in batch.src for _ in range(k)]
+        with torch.enable_grad():
+            scores = self.qe_scores(src, list(batch.tgt) + samples)  # [N + N*K]
+        s_ref, s_smp = scores[:n], scores[n:]
+        if self.q.loss == "nce":
+            # NCE with the translator as noise: logit = QE(x, y) - log pbar(y | x).
+            ref, smp = s_ref - logp_ref, s_smp - logp_smp
+            total = F.binary_cross_entropy_with_logits(ref, torch.ones_like(ref), reduction="sum") + \
+                F.binary_cross_entropy_with_logits(smp, torch.zeros_like(smp), reduction="sum")
+            loss = total / (batch.global_examples * (1 + k))
+        else:
+            ref, smp = s_ref, s_smp
+            loss = F.relu(self.q.margin - (ref.repeat_interleave(k) - smp)).sum() / (batch.global_examples * k)
+        above = (ref.detach().repeat_interleave(k) > smp.detach()).sum().item() / (batch.global_examples * k)
+        return loss, {"qe-ebm/qe_loss": loss.item(), "qe-ebm/ref_above_samples": above}
+
+    def mean_logprob(self, input_ids, attention_mask, labels, decoder_input_ids=None) -> torch.Tensor:
+        """``[B]`` label-smoothed mean token log-probability of ``labels`` under the translator (eval
+        mode, like the sampler). Without ``decoder_input_ids`` the model builds them from ``labels``
+        (right for references, which always end in ``</s>``)."""
+        model = self.translator.model
+        was_training = model.training
+        model.eval()
+        try:
+            if decoder_input_ids is None:
+                logits = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).logits
+            else:
+                logits = model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids).logits
+        finally:
+            model.train(was_training)
+        nll = F.cross_entropy(_upcast(logits).transpose(1, 2), labels, ignore_index=-100,
+                              label_smoothing=self.q.label_smoothing, reduction="none")  # [B, T]
+        return -nll.sum(1) / (labels != -100).sum(1).clamp(min=1)
+
+    def qe_scores(self, src: list[str], mt: list[str]) -> torch.Tensor:
+        """``[B]`` CometKiwi scores through comet's own forward, differentiable in the QE."""
+        (inputs,) = self.qe.prepare_sample([{"src": s, "mt": m} for s, m in zip(src, mt)], stage="predict")
+        device = self.translator.device
+        return self.qe.forward(input_ids=inputs["input_ids"].to(device),
+                               attention_mask=inputs["attention_mask"].to(device)).score.view(-1)
+
+    @contextlib.contextmanager
+    def _qe_trainable(self):
+        # Trainable QE parts require grad only here: the NMT phase's energy then never builds a graph
+        # into the QE, so the translator's backward cannot leave gradients on it.
+        for p in self.qe_params.values():
+            p.requires_grad_(True)
+        try:
+            yield
+        finally:
+            for p in self.qe_params.values():
+                p.requires_grad_(False)
+
+    # ------------------------------------------------------------------------------- helpers
+    def texts(self, mt_ids: torch.Tensor, mt_mask: torch.Tensor) -> list[str]:
+        """The text the QE sees: emitted ids up to the first ``</s>``, specials and ids the tokenizer
+        does not know dropped (the bridge's rule)."""
+        tok = self.translator.tokenizer
+        n_known = len(tok)
+        rows = [[i for i, m in zip(ids, mask) if m and i < n_known] for ids, mask in zip(mt_ids.tolist(), mt_mask.tolist())]
+        return tok.batch_decode(rows, skip_special_tokens=True)
+
+    def state_dict(self) -> dict:
+        """QE-dynamic: the trainable QE parameters and the QE optimiser (nothing for QE-static)."""
+        if not self.dynamic:
+            return {}
+        return {"qe": {n: p.detach().cpu().clone() for n, p in self.qe_params.items()},
+                "qe_optimizer": self.qe_optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if not self.dynamic:
+            return
+        saved = state.get("qe", {})
+        if set(saved) != set(self.qe_params):
+            raise QeebmError("the checkpoint's QE state does not match qe.train_parts")
+        with torch.no_grad():
+            for name, p in self.qe_params.items():
+                p.copy_(saved[name])
+        self.qe_optimizer.load_state_dict(state["qe_optimizer"])
+
+
+# ---------------------------------------------------------------------------------- building
+def load_energy(path: str, translator, freeze: bool):
+    """KiwiEnergy over the CometKiwi at ``path`` and a bridge from the translator's vocabulary."""
+    from qeebm.qe.bridge import Bridge
+    from qeebm.qe.energy import KiwiEnergy
+    from qeebm.qe.models import load_qe, qe_kind
+
+    looks_local = path.startswith((".", "/", "~")) or path.count("/") != 1
+    if looks_local and not Path(path).expanduser().exists():
+        raise QeebmError(f"qe.path: no QE model at '{path}' (build the tiny world with `qeebm tinyworld build "
+                         "data/tinyworld`, or point qe.path at a CometKiwi directory or hub id)")
+    # comet builds randomly initialised modules before loading the weights: keep the run's RNG untouched.
+    with torch.random.fork_rng(devices=[]):
+        comet = load_qe(path)
+    if qe_kind(comet) != "kiwi":
+        raise QeebmError(f"qe.path '{path}' is a {qe_kind(comet)} model; QE-EBM needs a reference-free CometKiwi")
+    vocab_size = translator.model.config.vocab_size
+    return KiwiEnergy(comet, Bridge(translator.tokenizer, comet.encoder.tokenizer, vocab_size=vocab_size), freeze=freeze)
+
+
+def select_qe_parts(qe, q: QEConfig, seed: int) -> dict[str, torch.nn.Parameter]:
+    """Freeze the QE, add LoRA adapters when asked, and return the trainable parts by name.
+
+    The returned parameters are left with ``requires_grad=False``; ``QeEbm`` enables them only for
+    its own update."""
+    qe.requires_grad_(False)
+    chosen: list[torch.nn.Parameter] = []
+    if "head" in q.train_parts:
+        chosen += list(qe.estimator.parameters())
+    if "layerwise" in q.train_parts:
+        if qe.layerwise_attention is None:
+            raise QeebmError("qe.train_parts has 'layerwise', but this QE has no layer-wise attention")
+        chosen += list(qe.layerwise_attention.parameters())
+    if "lora" in q.train_parts:
+        from peft import LoraConfig, get_peft_model
+
+        config = LoraConfig(r=q.lora_r, lora_alpha=q.lora_alpha, lora_dropout=0.0,
+                            target_modules=list(q.lora_target_modules), bias="none")
+        # A fixed seed, not the run's RNG: every process must draw the same adapters.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            qe.encoder.model = get_peft_model(qe.encoder.model, config)
+        chosen += [p for n, p in qe.encoder.model.named_parameters() if "lora_" in n]
+    wanted = {id(p) for p in chosen}
+    params = {n: p for n, p in qe.named_parameters() if id(p) in wanted}
+    for p in params.values():
+        p.requires_grad_(False)
+    return params

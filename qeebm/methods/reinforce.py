@@ -1,0 +1,242 @@
+"""REINFORCE with a QE reward: the policy-gradient baseline of the QE-EBM paper.
+
+Per optimiser step (../shared/notes/method.md, "Baselines in the paper"):
+1. sample K translations of each source-only sentence (nucleus p=0.9 as published);
+2. reward = QE score of (source, sample), minus the guards' penalty (qeebm/guards.py);
+3. advantage = reward - baseline (running mean of earlier rewards as published, leave-one-out or
+   none), optionally scaled (published: the centred reward scaled to [-1, 1]); baseline and scale
+   come from the whole step, all processes and micro-steps, so the update does not depend on the split;
+4. loss = alpha * CE(labelled batch) + beta * policy gradient, the sequence log-probability of a
+   sample counting its tokens up to and including </s> and never the forced language code.
+No KL term, as published.
+
+``QEReward`` and ``sample`` are shared with PPO (methods/ppo.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from qeebm.config import Config, GenerationConfig
+from qeebm.errors import QeebmError
+from qeebm.guards import GuardResult, check, hit_rates
+from qeebm.methods.base import Batch, StepOutput
+from qeebm.methods.sft import SFT
+from qeebm.rl import (
+    RunningMeanBaseline,
+    eos_mask,
+    masked_moments,
+    policy_gradient_loss,
+    rloo_baseline,
+    sequence_logprobs,
+    whiten,
+)
+
+
+# ----------------------------------------------------------------------------------------------
+# Shared with PPO: sampling and the reward
+
+
+def build_scorer(cfg: Config, device: torch.device):
+    """A cached, no-grad QE scorer on ``device`` (tests swap in a toy one here)."""
+    from qeebm.qe.models import load_qe
+    from qeebm.qe.scoring import QEScorer
+
+    return QEScorer(load_qe(cfg.qe.path).to(device))
+
+
+class QEReward:
+    """Sequence reward of the RL baselines: QE(src, mt) minus the largest guard penalty it trips."""
+
+    def __init__(self, cfg: Config, translator, use_guards: bool):
+        self.scorer = build_scorer(cfg, translator.device)
+        self.guards = cfg.guards if use_guards else None
+        self.src_lang, self.tgt_lang = cfg.model.src_lang, cfg.model.tgt_lang
+        self.count_tokens = translator.num_tokens
+
+    def __call__(self, src: list[str], hyps: list[str]) -> tuple[torch.Tensor, torch.Tensor, GuardResult | None]:
+        """Returns (reward [B], QE score [B], guard result or None), float32 on the CPU."""
+        score = torch.tensor(self.scorer.score(list(src), list(hyps)), dtype=torch.float32)
+        if self.guards is None:
+            return score, score, None
+        guarded = check(list(src), list(hyps), self.guards, tgt_lang=self.tgt_lang, src_lang=self.src_lang,
+                        count_tokens=self.count_tokens)
+        return score - torch.tensor(guarded.penalty, dtype=torch.float32), score, guarded
+
+
+def sampling_config(c) -> GenerationConfig:
+    return GenerationConfig(num_beams=1, do_sample=True, max_new_tokens=c.max_new_tokens,
+                            temperature=c.temperature, top_k=c.top_k, top_p=c.top_p)
+
+
+@dataclass
+class Samples:
+    """K samples of each of N sources, B = N * K rows, the samples of one source adjacent.
+
+    ``src``: B source texts; ``hyps``: B decoded samples.
+    ``input_ids``, ``attention_mask``: [B, S] the sources, each repeated K times.
+    ``decoder_input_ids``: [B, T] replays the samples (``</s>``, language code, tokens...).
+    ``tokens``: [B, T] the emitted tokens (``sequences[:, 1:]``), ``mask`` [B, T] the policy's
+    actions among them: up to and including the first ``</s>``, without the forced language code.
+    """
+
+    src: list[str]
+    hyps: list[str]
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    decoder_input_ids: torch.Tensor
+    tokens: torch.Tensor
+    mask: torch.Tensor
+
+
+@torch.no_grad()
+def sample(translator, src: list[str], k: int, gen: GenerationConfig) -> Samples:
+    enc = {key: v.to(translator.device) for key, v in translator.encode(src).items()}
+    tok = translator.tokenizer
+    # eos_token_id passed explicitly: a rollout must end at </s> (the reference PPO code had -1 here).
+    sequences = translator.generate_ids(enc["input_ids"], enc["attention_mask"], gen, num_return_sequences=k,
+                                        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)  # [B, T+1]
+    tokens = sequences[:, 1:]
+    return Samples(
+        src=[s for s in src for _ in range(k)],
+        hyps=translator.decode(sequences),
+        input_ids=enc["input_ids"].repeat_interleave(k, dim=0),
+        attention_mask=enc["attention_mask"].repeat_interleave(k, dim=0),
+        # Explicit decoder inputs (no labels): mBART would otherwise rotate the last token to the front.
+        decoder_input_ids=sequences[:, :-1],
+        tokens=tokens,
+        mask=eos_mask(tokens, tok.eos_token_id, tok.pad_token_id, n_forced=1),
+    )
+
+
+def check_static_qe(cfg: Config) -> None:
+    if cfg.qe.mode != "static":
+        raise QeebmError(f"method '{cfg.method}' rewards samples with a fixed QE: qe.mode must be 'static', "
+                         f"got {cfg.qe.mode!r}")
+
+
+def mono_sources(batch: Batch) -> list[str]:
+    if not batch.mono:
+        raise QeebmError("this method samples from the source-only pool, but the batch has none (data.mono)")
+    return batch.mono
+
+
+# ----------------------------------------------------------------------------------------------
+# REINFORCE
+
+
+@dataclass
+class ReinforceRollout:
+    """One micro-batch: the labelled ``batch`` (CE term) and K samples of each of its N source-only
+    sentences. ``rewards``, ``scores`` (QE alone): [N, K]. ``advantages``, ``baselines``: [N, K],
+    set by ``finish_rollouts``. ``global_samples``: samples in the whole optimiser step."""
+
+    batch: Batch
+    samples: Samples
+    rewards: torch.Tensor
+    scores: torch.Tensor
+    guards: GuardResult | None
+    global_samples: int
+    advantages: torch.Tensor | None = None
+    baselines: torch.Tensor | None = None
+
+
+class Reinforce:
+    name = "reinforce"
+    needs_mono = True
+
+    @classmethod
+    def check_config(cls, cfg: Config) -> None:
+        check_static_qe(cfg)
+        c = cfg.reinforce
+        if c.num_samples < 1:
+            raise QeebmError(f"reinforce.num_samples must be at least 1; got {c.num_samples}")
+        if c.baseline == "rloo" and c.num_samples < 2:
+            raise QeebmError("reinforce.baseline=rloo leaves one sample out: it needs reinforce.num_samples >= 2")
+
+    def __init__(self, cfg: Config, translator, model: torch.nn.Module):
+        self.cfg, self.c = cfg, cfg.reinforce
+        self.translator, self.model = translator, model
+        self.gen = sampling_config(self.c)
+        self.reward = QEReward(cfg, translator, self.c.guards)
+        self.running = RunningMeanBaseline()
+        self.ce = SFT(cfg, translator, model) if self.c.alpha > 0 else None
+
+    # State a resume must restore: the running mean of past rewards.
+    def state_dict(self) -> dict:
+        return {"running_mean": self.running.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.running.load_state_dict(state["running_mean"])
+
+    @torch.no_grad()
+    def rollout(self, batch: Batch) -> ReinforceRollout:
+        # 1. Sample K translations of every source-only sentence.
+        k = self.c.num_samples
+        samples = sample(self.translator, mono_sources(batch), k, self.gen)
+        # 2. Reward: QE score minus guard penalties.
+        rewards, scores, guards = self.reward(samples.src, samples.hyps)
+        device = samples.tokens.device
+        return ReinforceRollout(batch=batch, samples=samples, rewards=rewards.view(-1, k).to(device),
+                                scores=scores.view(-1, k).to(device), guards=guards,
+                                global_samples=batch.global_mono * k)
+
+    def finish_rollouts(self, rollouts: list[ReinforceRollout], gather) -> list[ReinforceRollout]:
+        """3. Advantages from the whole step's rewards. ``gather(t)`` concatenates a 1-d tensor over
+        processes, so every process computes the same baseline and scale."""
+        rewards = torch.cat([r.rewards.flatten() for r in rollouts])  # [n_local * K]
+        every = gather(rewards)  # [global samples]
+        if self.c.baseline == "running_mean":
+            # The mean of earlier steps' rewards (this step's own mean on the first step), then
+            # this step joins the running mean for the next one.
+            past = self.running(every)[0]
+            self.running.update(every)
+            baselines = [torch.full_like(r.rewards, past.item()) for r in rollouts]
+        elif self.c.baseline == "rloo":
+            baselines = [rloo_baseline(r.rewards) for r in rollouts]
+        else:
+            baselines = [torch.zeros_like(r.rewards) for r in rollouts]
+        centred = [r.rewards - b for r, b in zip(rollouts, baselines)]
+        scaling = self.c.reward_scaling
+        if scaling != "none":
+            everything = gather(torch.cat([c.flatten() for c in centred]))
+            if scaling == "max_abs":
+                # rl.normalise_rewards' "max_abs", with the largest |centred reward| of the whole step.
+                scale = everything.abs().max().clamp(min=1e-8)
+                centred = [c / scale for c in centred]
+            else:
+                moments = masked_moments(everything)
+                centred = [whiten(c, moments=moments) for c in centred]
+        for r, b, a in zip(rollouts, baselines, centred):
+            r.baselines, r.advantages = b, a
+        return rollouts
+
+    def loss(self, r: ReinforceRollout) -> StepOutput:
+        if r.advantages is None:
+            raise RuntimeError("Reinforce.loss before finish_rollouts: the loop must call it after the rollouts")
+        s, n = r.samples, r.global_samples
+        # 4. Policy gradient: -A * log p(sample) summed over the step's samples, / their number.
+        logits = self.model(input_ids=s.input_ids, attention_mask=s.attention_mask,
+                            decoder_input_ids=s.decoder_input_ids, use_cache=False).logits  # [B, T, V]
+        _, seq_logp = sequence_logprobs(logits, s.tokens, s.mask)  # [B]
+        pg = policy_gradient_loss(seq_logp, r.advantages.flatten(), normaliser=n)
+        loss = self.c.beta * pg
+        metrics = {
+            "reinforce/pg_loss": pg.item(),
+            "reinforce/reward": r.rewards.sum().item() / n,
+            "reinforce/score": r.scores.sum().item() / n,
+            "reinforce/baseline": r.baselines.sum().item() / n,
+            "reinforce/advantage": r.advantages.sum().item() / n,
+            "reinforce/sample_len": s.mask.sum().item() / n,
+            "reinforce/logp": seq_logp.detach().sum().item() / n,
+        }
+        # The supervised term on the labelled batch, as SFT computes it.
+        if self.ce is not None:
+            ce = self.ce.loss(r.batch)
+            loss = loss + self.c.alpha * ce.loss
+            metrics |= {"reinforce/ce": ce.metrics["sft/loss"], "reinforce/nll": ce.metrics["sft/nll"]}
+        if r.guards is not None:
+            metrics |= hit_rates(r.guards, normaliser=n)
+        return StepOutput(loss=loss, metrics=metrics)

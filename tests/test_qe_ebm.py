@@ -1,0 +1,328 @@
+"""Method ``qe-ebm`` on tiny random translators and a tiny random CometKiwi: the energy reaches the
+translator and never the QE, beta = 0 is SFT exactly, a step against the energy gradient raises the
+QE score, QE-dynamic trains exactly the chosen QE parts and resumes exactly, and the published schedule.
+
+The tiny Kiwi is built on the XLM-R-style tokenizer of tests/helpers.py, which shares its SentencePiece
+model with the tiny mBART-50 tokenizer; the tiny NLLB has its own, so both bridges run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from accelerate.utils import set_seed
+
+from ddp_parity import final_weights, make_config, read_metrics, write_tiny_world
+from helpers import tiny_texts, tiny_translator_dir, tokenizer_dir
+from qeebm import checkpoint as ckpt
+from qeebm.config import QeEbmConfig
+from qeebm.data import write_lines
+from qeebm.errors import QeebmError
+from qeebm.loop import count_label_tokens, load_data, load_mono, make_batch, train
+from qeebm.methods import METHODS
+from qeebm.methods.qe_ebm import schedule
+from qeebm.translator import Translator
+
+# Few, short samples: the tests need the paths to run, not good translations.
+SMALL = ["qe_ebm.num_samples=2", "qe_ebm.max_new_tokens=8", "data.dev.path="]
+# Pure energy: alpha 0, beta 1 from the first step.
+ENERGY_ONLY = ["qe_ebm.alpha=0.0", "qe_ebm.beta_max=1.0", "qe_ebm.beta_ramp_steps=0"]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> dict:
+    from qeebm.qe.tiny import build_tiny_kiwi
+
+    root = tmp_path_factory.mktemp("world")
+    base = write_tiny_world(root)
+    write_lines(root / "mono.txt", tiny_texts(80, seed=5)[0::2])
+    kiwi = build_tiny_kiwi(root / "kiwi", tokenizer_dir("xlmr"))
+    return {"base": base, "mono": root / "mono.txt", "kiwi": kiwi}
+
+
+def qe_config(world, run_dir: Path, *overrides: str):
+    return make_config(world["base"], run_dir, "method=qe-ebm", f"data.mono.path={world['mono']}",
+                       f"qe.path={world['kiwi']}", *SMALL, *overrides)
+
+
+def build(cfg):
+    """Translator, method and one micro-batch of 4 labelled + 4 source-only sentences, as the loop
+    would build them, without accelerate (the method gets the bare model)."""
+    set_seed(cfg.seed)
+    tr = Translator.load(cfg.model)
+    method = METHODS[cfg.method](cfg, tr, tr.model)
+    train_set, _ = load_data(cfg, tr)
+    mono = load_mono(cfg, tr)
+    idx = list(range(4))
+    batch = make_batch(tr, train_set, idx, count_label_tokens(tr, train_set, idx), len(idx), tr.device, step=1)
+    batch.mono, batch.global_mono = mono.src[:4], 4
+    return tr, method, batch
+
+
+def snapshot(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in module.named_parameters()}
+
+
+def changed(before: dict, module: torch.nn.Module) -> set[str]:
+    return {n for n, p in module.named_parameters() if not torch.equal(before[n], p.detach())}
+
+
+def assert_identical(a, b, where: str) -> None:
+    """Nested state dicts equal bit for bit."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for k in a:
+            assert_identical(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_identical(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, where
+
+
+# ---------------------------------------------------------------------------------- the schedule
+def test_published_schedule():
+    c = QeEbmConfig()
+    # beta = min(1, s / 4000) * 0.001, alpha = 1 - 10 * beta:
+    #   s=1: 0.001/4000 = 2.5e-7, alpha 1 - 2.5e-6;  s=400: 1e-4, 0.999;  s=2000: 5e-4, 0.995;
+    #   s=4000 and after: 1e-3, 0.99.
+    for step, alpha, beta in [(1, 0.9999975, 2.5e-7), (400, 0.999, 1e-4), (2000, 0.995, 5e-4),
+                              (4000, 0.99, 1e-3), (10000, 0.99, 1e-3)]:
+        assert schedule(step, c) == pytest.approx((alpha, beta), rel=1e-12, abs=1e-15)
+    # A fixed alpha, and a constant beta without a ramp.
+    assert schedule(7, QeEbmConfig(alpha=0.5, beta_max=0.2, beta_ramp_steps=0)) == (0.5, 0.2)
+    assert schedule(50, QeEbmConfig(beta_max=0.0)) == (1.0, 0.0)
+
+
+def test_bad_settings_fail_before_loading(world, tmp_path):
+    with pytest.raises(QeebmError, match="train_parts"):
+        train(qe_config(world, tmp_path / "a", "qe.train_parts=[head,adapter]"))
+    with pytest.raises(QeebmError, match="qe.mode"):
+        qe_config(world, tmp_path / "b", "qe.mode=sometimes")
+
+
+# ------------------------------------------------------------------------------------ QE-static
+@pytest.mark.parametrize("family,lora", [("nllb", False), ("mbart", False), ("mbart", True)])
+def test_energy_moves_the_translator_and_never_the_qe(world, tmp_path, family, lora):
+    cfg = qe_config(world, tmp_path / "run", f"model.name_or_path={tiny_translator_dir(family)}",
+                    f"model.lora.enabled={str(lora).lower()}", "model.lora.r=4", *ENERGY_ONLY)
+    tr, method, batch = build(cfg)
+    qe_before, tr_before = snapshot(method.qe), snapshot(tr.model)
+    trainable = [p for p in tr.model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=1e-3, weight_decay=0.0)
+    with torch.no_grad():
+        rollout = method.rollout(batch)
+    out = method.loss(rollout)
+    out.loss.backward()
+    # Every trainable parameter gets a gradient from the energy alone: no detached path. (LoRA's A
+    # matrices are the exception by construction: B starts at zero, so their first gradient is zero.)
+    expected = {n for n, p in tr.model.named_parameters() if p.requires_grad and "lora_A" not in n}
+    assert {n for n, p in tr.model.named_parameters() if p.grad is not None and p.grad.abs().sum() > 0} == expected
+    assert all(p.grad is None for p in method.qe.parameters())
+    optimizer.step()
+    assert changed(tr_before, tr.model) == expected
+    assert changed(qe_before, method.qe) == set()
+    for key in ("qe-ebm/ce", "qe-ebm/energy", "qe-ebm/sample_score", "qe-ebm/len_ratio", "qe-ebm/empty_rate",
+                "qe-ebm/copy_rate", "qe-ebm/alpha", "qe-ebm/beta"):
+        assert isinstance(out.metrics[key], float), key
+    # The energy term is the mean of -score over the M*K samples, and the straight-through value is the
+    # score of the emitted text.
+    scores = method.energy.score_ids(rollout.src, rollout.mt_ids, rollout.mt_mask)
+    assert out.metrics["qe-ebm/energy"] == pytest.approx(-scores.mean().item(), abs=1e-5)
+    assert out.loss.item() == pytest.approx(out.metrics["qe-ebm/energy"], abs=1e-6)
+
+
+@pytest.mark.parametrize("relaxation", ["softmax", "gumbel-st"])
+def test_other_relaxations_reach_the_translator(world, tmp_path, relaxation):
+    cfg = qe_config(world, tmp_path / "run", f"qe_ebm.relaxation={relaxation}", *ENERGY_ONLY)
+    tr, method, batch = build(cfg)
+    with torch.no_grad():
+        rollout = method.rollout(batch)
+    out = method.loss(rollout)
+    out.loss.backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in tr.model.parameters())
+    # Their forward value is not the emitted text's score, so the metric scores the text itself.
+    scores = method.energy.score_ids(rollout.src, rollout.mt_ids, rollout.mt_mask)
+    assert out.metrics["qe-ebm/sample_score"] == pytest.approx(scores.mean().item(), abs=1e-6)
+
+
+def test_beta_zero_is_sft_exactly(world, tmp_path):
+    sft = make_config(world["base"], tmp_path / "sft", "optim.max_steps=1", "data.dev.path=")
+    qe = qe_config(world, tmp_path / "qe", "optim.max_steps=1", "qe_ebm.beta_max=0.0")
+    train(sft)
+    train(qe)
+    a, b = final_weights(sft.output.run_dir), final_weights(qe.output.run_dir)
+    assert a.keys() == b.keys()
+    assert [k for k in a if not torch.equal(a[k], b[k])] == []
+    (ra,), (rb,) = read_metrics(sft.output.run_dir), read_metrics(qe.output.run_dir)
+    assert rb["loss"] == ra["loss"] and rb["qe-ebm/alpha"] == 1.0 and rb["qe-ebm/beta"] == 0.0
+
+
+@pytest.mark.parametrize("family", ["nllb", "mbart"])
+def test_step_against_the_energy_gradient_raises_the_qe_score(world, tmp_path, family):
+    # The softmax relaxation's value moves with the translator (straight-through's is the fixed
+    # score of the emitted text), so the same samples' relaxed QE score must rise after a small step.
+    cfg = qe_config(world, tmp_path / "run", f"model.name_or_path={tiny_translator_dir(family)}",
+                    "qe_ebm.relaxation=softmax", *ENERGY_ONLY)
+    tr, method, batch = build(cfg)
+    tr.model.double()
+    method.energy.double()
+    with torch.no_grad():
+        rollout = method.rollout(batch)
+    out = method.loss(rollout)
+    params = [p for p in tr.model.parameters() if p.requires_grad]
+    grads = torch.autograd.grad(out.loss, params)
+    sq = sum((g * g).sum() for g in grads).item()
+    eta = 1e-3 / max(sq, 1e-12) ** 0.5  # a step of length 1e-3 in parameter space
+    with torch.no_grad():
+        for p, g in zip(params, grads):
+            p.sub_(eta * g)
+        after = method.loss(rollout)
+    # loss = mean energy = -mean score: it falls by about eta * |g|^2 (first order).
+    drop = out.loss.item() - after.loss.item()
+    assert drop > 0
+    assert drop == pytest.approx(eta * sq, rel=0.05)
+
+
+# ----------------------------------------------------------------------------------- QE-dynamic
+@pytest.mark.parametrize("parts", [["head"], ["layerwise"], ["lora"], ["head", "layerwise", "lora"]])
+def test_qe_update_changes_only_the_chosen_parts(world, tmp_path, parts):
+    cfg = qe_config(world, tmp_path / "run", "qe.mode=dynamic", "qe.warmup_steps=0", "qe.lr=1e-2",
+                    f"qe.train_parts=[{','.join(parts)}]")
+    tr, method, batch = build(cfg)
+    qe_before, tr_before = snapshot(method.qe), snapshot(tr.model)
+    metrics = method.before_step([batch], lambda t: t)
+    assert set(metrics) == {"qe-ebm/qe_loss", "qe-ebm/ref_above_samples"}
+    moved = changed(qe_before, method.qe)
+    prefixes = {"head": "estimator.", "layerwise": "layerwise_attention.", "lora": "encoder.model."}
+    for name in moved:
+        assert any(name.startswith(prefixes[p]) for p in parts), name
+    for part in parts:
+        assert any(n.startswith(prefixes[part]) for n in moved), part
+    if "lora" in parts:
+        # B starts at zero, so A gets no gradient on the first update; B must move everywhere.
+        lora_b = {n for n in qe_before if "lora_B" in n}
+        assert lora_b and lora_b <= moved
+        assert not any("lora_" not in n for n in moved if n.startswith("encoder."))
+    assert changed(tr_before, tr.model) == set()
+    assert all(p.grad is None for p in tr.model.parameters())
+    # The NMT phase afterwards leaves no gradient on the QE.
+    with torch.no_grad():
+        rollout = method.rollout(batch)
+    method.loss(rollout).loss.backward()
+    assert all(p.grad is None for p in method.qe.parameters())
+
+
+def test_margin_loss_and_update_schedule(world, tmp_path):
+    cfg = qe_config(world, tmp_path / "run", "qe.mode=dynamic", "qe.warmup_steps=2", "qe.interval=2",
+                    "qe.loss=margin", "qe.margin=0.5", "qe.train_parts=[head]")
+    tr, method, batch = build(cfg)
+    assert [s for s in range(1, 9) if method.qe_update_due(s)] == [4, 6, 8]
+    loss, stats = method.qe_loss(batch)
+    # Every hinge is at least margin - (score gap); the random QE scores differ by far less than 0.5.
+    assert loss.item() > 0.4 and 0.0 <= stats["qe-ebm/ref_above_samples"] <= 1.0
+    before = snapshot(method.qe)
+    assert method.before_step([batch], lambda t: t) == {}  # step 1: still warming up
+    assert changed(before, method.qe) == set()
+
+
+def test_dynamic_run_resumes_exactly(world, tmp_path):
+    # Dropout on, so the result also depends on the restored RNG states; QE updates from step 2 on.
+    common = ["qe.mode=dynamic", "qe.warmup_steps=1", "model.dropout=null", "output.save_every=2"]
+    straight = qe_config(world, tmp_path / "A", *common, "optim.max_steps=4")
+    train(straight)
+    train(qe_config(world, tmp_path / "B", *common, "optim.max_steps=2"))
+    assert train(qe_config(world, tmp_path / "B", *common, "optim.max_steps=4")).step == 4
+
+    def load(run: str, name: str):
+        return torch.load(ckpt.step_dir(tmp_path / run / "checkpoints", 4) / name, weights_only=True)
+
+    for name in ("model.pt", "optimizer.pt", "method.pt"):
+        assert_identical(load("A", name), load("B", name), name)
+    state = load("A", "method.pt")
+    assert state["qe"] and state["qe_optimizer"]["state"]
+    # The QE really trained: its head differs from the checkpoint it started from.
+    from qeebm.qe.models import load_qe
+
+    start = dict(load_qe(str(world["kiwi"])).named_parameters())
+    assert any(not torch.equal(start[n], v) for n, v in state["qe"].items() if n in start)
+    a, b = read_metrics(tmp_path / "A"), read_metrics(tmp_path / "B")
+    assert [r["step"] for r in b] == [1, 2, 3, 4]
+    assert [r["loss"] for r in a] == [r["loss"] for r in b]
+    assert [r.get("qe-ebm/qe_loss") for r in a] == [r.get("qe-ebm/qe_loss") for r in b]
+    assert "qe-ebm/qe_loss" not in a[0] and "qe-ebm/qe_loss" in a[1]
+
+
+# ------------------------------------------------------------------------------------------- DDP
+DDP_SCRIPT = '''
+import sys
+from pathlib import Path
+
+import torch
+
+from qeebm.config import load_config
+from qeebm.loop import train
+from qeebm.methods.qe_ebm import QeEbm
+
+original = QeEbm.before_step
+
+
+def recording(self, batches, all_reduce):
+    # Every process records its QE after each step's update, to compare across processes.
+    out = original(self, batches, all_reduce)
+    rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+    state = {n: p.detach().clone() for n, p in self.qe_params.items()}
+    torch.save(state, Path(self.record_dir) / f"qe-step{batches[0].step}-rank{rank}.pt")
+    return out
+
+
+QeEbm.before_step = recording
+cfg = load_config(sys.argv[1], sys.argv[2:])
+QeEbm.record_dir = cfg.output.run_dir
+train(cfg)
+'''
+
+
+@pytest.mark.slow
+def test_ddp_processes_hold_the_same_qe(world, tmp_path):
+    """Two gloo processes in QE-dynamic mode: after every QE update both hold the same QE weights,
+    and the translator's final weights come from a run that finished on both."""
+    import os
+    import subprocess
+    import sys
+
+    from test_loop import REPO, TESTS, _free_port
+
+    cfg = qe_config(world, tmp_path / "run", "qe.mode=dynamic", "qe.warmup_steps=0", "optim.max_steps=3",
+                    "optim.grad_accum=2", "qe.max_grad_norm=1.0")
+    config = tmp_path / "run.yaml"
+    from qeebm.config import dump_config
+
+    config.write_text(dump_config(cfg), encoding="utf-8")
+    script = tmp_path / "record.py"
+    script.write_text(DDP_SCRIPT, encoding="utf-8")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "ACCELERATE_USE_CPU": "true",
+           "PYTHONPATH": os.pathsep.join([str(REPO), str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    accelerate = Path(sys.executable).with_name("accelerate")
+    cmd = [str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+           "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
+           str(script), str(config)]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert "2 processes x 2 micro-steps" in (tmp_path / "run" / "train.log").read_text(encoding="utf-8")
+    for step in (1, 2, 3):
+        a = torch.load(tmp_path / "run" / f"qe-step{step}-rank0.pt", weights_only=True)
+        b = torch.load(tmp_path / "run" / f"qe-step{step}-rank1.pt", weights_only=True)
+        assert a.keys() == b.keys() and a
+        assert [n for n in a if not torch.equal(a[n], b[n])] == [], step
+    first = torch.load(tmp_path / "run" / "qe-step1-rank0.pt", weights_only=True)
+    last = torch.load(tmp_path / "run" / "qe-step3-rank0.pt", weights_only=True)
+    assert any(not torch.equal(first[n], last[n]) for n in first)
+    assert [r["step"] for r in read_metrics(tmp_path / "run")] == [1, 2, 3]
