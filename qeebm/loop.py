@@ -335,14 +335,16 @@ class MetricsLog:
         self.path, self.tb = run_dir / "metrics.jsonl", None
         if not self.active:
             return
-        kept = []
+        kept, broken = [], 0
         if self.path.is_file():
             for line in self.path.read_text(encoding="utf-8").splitlines():
                 try:
                     if json.loads(line)["step"] <= start_step:
                         kept.append(line)
                 except (ValueError, KeyError, TypeError):
-                    pass  # a line cut short by a crash
+                    broken += 1  # a line cut short by a crash
+        if broken:
+            log.warning("%s: dropped %d unreadable line(s), most likely cut short by a crash", self.path, broken)
         ckpt.write_text_atomic(self.path, "".join(line + "\n" for line in kept))
         if cfg.logging.tensorboard:
             from torch.utils.tensorboard import SummaryWriter
