@@ -121,18 +121,59 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=32)
     p.set_defaults(func=cmd_translate)
 
-    p = sub.add_parser("evaluate", help="translate a test set and score it with BLEU and chrF++",
-                       description="Translate the test corpus with a model (or take --hyps) and report "
-                       "sacrebleu BLEU and chrF++ with their signatures as JSON.")
-    p.add_argument("--model", help="translator directory or hub id (omit with --hyps)")
-    p.add_argument("--test", default="data/tinyworld/data/test.tsv", help="test corpus (tsv/jsonl with src, tgt)")
-    p.add_argument("--hyps", help="hypothesis file (one a line) instead of translating")
-    p.add_argument("--src-lang", default="eng_Latn")
-    p.add_argument("--tgt-lang", default="khk_Cyrl")
-    p.add_argument("--beams", type=int, default=5)
-    p.add_argument("--max-new-tokens", type=int, default=50)
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--output", "-o", help="write the JSON report (and hypotheses beside it) here")
+    p = sub.add_parser(
+        "evaluate", help="translate a test set and score it: BLEU, chrF++, TER, COMET, COMET-Kiwi, XCOMET, judges",
+        description="Translate the test corpus with a model (beam search) or take --hyps; score it with\n"
+        "sacrebleu BLEU / chrF++ / TER (as the sacrebleu command line) and COMET-family models (as\n"
+        "comet-score: fp16, batch 16); write the evaluation report (qeebm/report.py) that\n"
+        "scripts/compare.py reads. Default metrics: all of them; with --tinyworld, the world's own\n"
+        "QEs and no XCOMET. Each QE model is loaded only while it scores.",
+        epilog="examples:\n"
+        "  qeebm evaluate --tinyworld data/tinyworld --run runs/tiny_qe-ebm_static\n"
+        "  qeebm evaluate --model runs/sft/best --test test.tsv --metrics bleu,chrf,ter,comet,kiwi -o sft.json\n"
+        "  qeebm evaluate --hyps out.txt --test test.tsv --no-neural",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    g = p.add_argument_group("what to evaluate")
+    g.add_argument("--model", help="translator directory or hub id")
+    g.add_argument("--run", help="training run directory: its best/ (else final/) model, its seed and config; "
+                   "the report goes to RUN/eval/SPLIT.json")
+    g.add_argument("--hyps", help="hypothesis file (one a line) instead of translating")
+    g.add_argument("--test", help="test corpus with references (tsv/jsonl, columns src and tgt); default: "
+                   "TINYWORLD/data/test.tsv, else the run's data.test, else data/tinyworld/data/test.tsv")
+    g.add_argument("--tinyworld", metavar="DIR", help="tiny-world preset: --comet DIR/qe/comet --kiwi DIR/qe/kiwi "
+                   "--judge judge=DIR/qe/judge --test DIR/data/test.tsv (explicit options win)")
+    g = p.add_argument_group("decoding")
+    g.add_argument("--src-lang", help="NLLB code (default: the run's, else eng_Latn)")
+    g.add_argument("--tgt-lang", help="NLLB code (default: the run's, else khk_Cyrl)")
+    g.add_argument("--beams", type=int, default=5, help="beam size (default 5)")
+    g.add_argument("--max-new-tokens", type=int, default=50, help="default 50")
+    g.add_argument("--batch-size", type=int, default=32, help="decoding batch size (default 32)")
+    g = p.add_argument_group("metrics")
+    g.add_argument("--metrics", help="comma-separated: bleu,chrf,ter,comet,kiwi,xcomet and judge names ('judges' = "
+                   "all of them); default: every metric that has a model")
+    g.add_argument("--no-neural", action="store_true", help="only BLEU, chrF++ and TER")
+    g.add_argument("--comet", metavar="MODEL", help="reference-based COMET (default Unbabel/wmt22-comet-da)")
+    g.add_argument("--kiwi", metavar="MODEL", help="COMET-Kiwi (default Unbabel/wmt22-cometkiwi-da)")
+    g.add_argument("--xcomet", metavar="MODEL", help="XCOMET (default Unbabel/XCOMET-XL)")
+    g.add_argument("--judge", action="append", metavar="[NAME=]MODEL",
+                   help="a held-out QE, scored under NAME (default 'judge'); repeatable")
+    for name in ("comet", "kiwi", "xcomet", "judge"):
+        g.add_argument(f"--{name}-batch-size", type=int, metavar="N", help="default 16")
+    g.add_argument("--qe-precision", choices=["fp16", "fp32"], default="fp16",
+                   help="COMET-family models in half precision as comet-score (default), or fp32")
+    g.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available)")
+    g = p.add_argument_group("report")
+    g.add_argument("--output", "-o", help="report path (default with --run: RUN/eval/SPLIT.json; else only printed)")
+    g.add_argument("--split", default="test", help="report name under RUN/eval/ (default test)")
+    g.add_argument("--system", help="system name in the report (default: the run's method, else the model's "
+                   "directory name, else the hypothesis file's stem)")
+    g.add_argument("--seed", type=int, help="training seed (default: the run's)")
+    g.add_argument("--trained-on", default="auto", metavar="METRIC",
+                   help="metric the system was optimised against, or none (default: from the run's method "
+                   "and qe.path; none without a run)")
+    g.add_argument("--heldout", metavar="LIST", help="comma-separated held-out metrics (default: every neural "
+                   "metric computed except the trained-on one)")
     p.set_defaults(func=cmd_evaluate)
 
     p = sub.add_parser("score", help="score (src, mt) pairs with a COMET-family quality estimator",

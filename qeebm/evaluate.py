@@ -1,22 +1,41 @@
-"""Decoding a corpus and scoring it: sacrebleu BLEU and chrF++, teacher-forced NLL.
+"""Decoding a corpus and scoring it: sacrebleu BLEU, chrF++ and TER, the COMET family, teacher-forced NLL.
 
-Each function takes an optional accelerator: with several processes the corpus is split into
-contiguous shards, one per process, and the results are gathered so every process returns the same
-full answer (in corpus order).
+The decoding and NLL helpers take an optional accelerator: with several processes the corpus is split
+into contiguous shards, one per process, and the results are gathered so every process returns the
+same full answer (in corpus order).
+
+``evaluate_system`` (and ``qeebm evaluate``) produce the evaluation report of qeebm/report.py: BLEU,
+chrF++ and TER as the ``sacrebleu`` command line computes them, and COMET, COMET-Kiwi, XCOMET and any
+held-out judge as ``comet-score`` computes them. Neural metrics go through comet's own ``predict``
+with comet-score's settings (the model in half precision, length batching by source, batch 16): in
+fp16 a score's last bits depend on which segments share a batch, so anything else (qeebm's
+``QEScorer`` included) agrees with comet-score only to about one fp16 step (2e-4 to 5e-4). Models
+are loaded one at a time and freed after use: XCOMET-XL alone is 3.5B parameters.
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
+import hashlib
 import json
+import logging
+import re
+import time
+import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Optional, Sequence, Union
 
 import sacrebleu
 import torch
 import torch.nn.functional as F
 from accelerate.utils import gather_object
 
-from qeebm.config import GenerationConfig
+from qeebm.config import CorpusConfig, GenerationConfig
 from qeebm.errors import QeebmError
+
+log = logging.getLogger(__name__)
 
 
 def corpus_metrics(hyps: list[str], refs: list[str]) -> dict[str, float]:
@@ -80,43 +99,580 @@ def sacrebleu_scores(hyps: list[str], refs: list[str]) -> tuple[dict[str, float]
     return scores, signatures
 
 
-def evaluate_main(args) -> dict:
-    """``qeebm evaluate``: translate (or read) the test set's hypotheses and report sacrebleu scores."""
-    from qeebm.config import CorpusConfig, ModelConfig
-    from qeebm.data import read_corpus
+# ----------------------------------------------------------------------------------------------
+# Which metrics, with which models
+
+SACREBLEU_METRICS = ("bleu", "chrf", "ter")
+QE_METRICS = ("comet", "kiwi", "xcomet")
+DEFAULT_QE_MODELS = {
+    "comet": "Unbabel/wmt22-comet-da",
+    "kiwi": "Unbabel/wmt22-cometkiwi-da",
+    "xcomet": "Unbabel/XCOMET-XL",
+}
+DEFAULT_QE_BATCH_SIZE = 16  # comet-score's
+PRECISIONS = ("fp16", "fp32")
+# Methods whose reward or energy is the QE named by the config key qe.path.
+QE_TRAINED_METHODS = frozenset({"qe-ebm", "reinforce", "ppo"})
+# A judge's name becomes a report key and a compare column: keep it a plain word.
+_JUDGE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.-]*\Z")
+_RESERVED = frozenset(SACREBLEU_METRICS + QE_METRICS + ("src", "ref", "hyp", "judges"))
+
+
+@dataclass
+class MetricSpec:
+    """Which metrics ``evaluate_system`` computes, and with which models.
+
+    ``metrics``: names among bleu, chrf, ter, comet, kiwi, xcomet and the judges' names ("judges"
+    stands for all of them). None: the sacrebleu three, every COMET-family metric that has a model
+    and every judge. ``comet`` / ``kiwi`` / ``xcomet``: a hub id or a local comet directory (None: no
+    such metric). ``judges``: name -> model, for quality estimators the system never saw in
+    training. ``batch_sizes``: by metric name ("judge" covers every judge without its own entry).
+    ``precision``: "fp16" as comet-score, or "fp32". ``device``: None takes CUDA when present."""
+
+    metrics: Optional[Sequence[str]] = None
+    comet: Optional[str] = DEFAULT_QE_MODELS["comet"]
+    kiwi: Optional[str] = DEFAULT_QE_MODELS["kiwi"]
+    xcomet: Optional[str] = DEFAULT_QE_MODELS["xcomet"]
+    judges: dict = field(default_factory=dict)
+    batch_sizes: dict = field(default_factory=dict)
+    precision: str = "fp16"
+    device: Optional[str] = None
+
+    @classmethod
+    def tinyworld(cls, world: Union[str, Path], **overrides) -> "MetricSpec":
+        """The tiny world's estimators: comet = qe/comet, kiwi = qe/kiwi, judge = qe/judge. It has
+        no XCOMET, so there is none unless ``xcomet=`` names one."""
+        qe = Path(world) / "qe"
+        values = dict(comet=str(qe / "comet"), kiwi=str(qe / "kiwi"), xcomet=None,
+                      judges={"judge": str(qe / "judge")})
+        return cls(**(values | overrides))
+
+    @classmethod
+    def sacrebleu_only(cls) -> "MetricSpec":
+        return cls(metrics=SACREBLEU_METRICS)
+
+    def qe_models(self) -> dict[str, str]:
+        """Every neural metric that has a model, in scoring order: name -> hub id or directory."""
+        models = {name: str(getattr(self, name)) for name in QE_METRICS if getattr(self, name)}
+        for name, model in self.judges.items():
+            if not isinstance(name, str) or not _JUDGE_NAME.match(name) or name in _RESERVED:
+                raise QeebmError(f"judge name {name!r} is not allowed: use a word (letters, digits, _ . -) "
+                                 f"other than {', '.join(sorted(_RESERVED))}")
+            models[name] = str(model)
+        return models
+
+    def selected(self) -> list[str]:
+        """The metrics to compute, checked: the sacrebleu ones first, then in scoring order."""
+        if self.precision not in PRECISIONS:
+            raise QeebmError(f"QE precision '{self.precision}' is not one of {', '.join(PRECISIONS)}")
+        models = self.qe_models()
+        if self.metrics is None:
+            for name in models:
+                self.batch_size(name)
+            return list(SACREBLEU_METRICS) + list(models)
+        chosen: set[str] = set()
+        for name in self.metrics:
+            name = name.strip()
+            for one in (list(self.judges) if name == "judges" else [name]):
+                if one in SACREBLEU_METRICS or one in models:
+                    chosen.add(one)
+                elif one in QE_METRICS:
+                    raise QeebmError(f"metric '{one}' has no model: name one with --{one} MODEL")
+                else:
+                    known = list(SACREBLEU_METRICS) + list(QE_METRICS) + ["judges"] + list(self.judges)
+                    raise QeebmError(f"unknown metric '{one}' (choose from {', '.join(known)})")
+        if not chosen:
+            raise QeebmError("no metrics selected")
+        selected = [m for m in SACREBLEU_METRICS if m in chosen] + [m for m in models if m in chosen]
+        for name in selected:
+            if name in models:
+                self.batch_size(name)  # a bad one fails now, not after the decoding
+        return selected
+
+    def batch_size(self, name: str) -> int:
+        if name in self.batch_sizes:
+            size = self.batch_sizes[name]
+        elif name in self.judges and "judge" in self.batch_sizes:
+            size = self.batch_sizes["judge"]
+        else:
+            size = DEFAULT_QE_BATCH_SIZE
+        if not isinstance(size, int) or size < 1:
+            raise QeebmError(f"batch size of '{name}' must be a positive integer, got {size!r}")
+        return size
+
+
+def check_trained_on(trained_on: Optional[str], spec: MetricSpec) -> None:
+    if trained_on is not None and trained_on not in set(SACREBLEU_METRICS) | set(QE_METRICS) | set(spec.judges):
+        raise QeebmError(f"trained_on '{trained_on}' is not a metric name (one of "
+                         f"{', '.join(SACREBLEU_METRICS + QE_METRICS + tuple(spec.judges))}, or none)")
+
+
+def check_qe_models(spec: MetricSpec, names: Sequence[str]) -> None:
+    """Find every selected QE checkpoint now, before the test set is translated: a hub id that is
+    not cached fails here, in seconds, with load_qe's message."""
+    from qeebm.qe.models import _resolve_checkpoint
+
+    models = spec.qe_models()
+    for name in names:
+        if name in models:
+            _resolve_checkpoint(models[name])
+
+
+# ----------------------------------------------------------------------------------------------
+# Neural scores
+
+
+def _torch_device(device: Optional[str]) -> torch.device:
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise QeebmError(f"device '{device}' is not a torch device (cpu, cuda, cuda:N)") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise QeebmError(f"device '{device}': only cpu and cuda are supported")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise QeebmError(f"device '{device}' was asked for but torch sees no CUDA device")
+    return dev
+
+
+@contextlib.contextmanager
+def _quiet_lightning():
+    """Every comet ``predict`` builds a Lightning Trainer, which announces its devices at INFO
+    level (comet-score --quiet hides the same lines) and repeats a deprecation warning about its own
+    code that no qeebm user can act on."""
+    loggers = [logging.getLogger(n) for n in ("lightning.pytorch", "pytorch_lightning", "lightning.fabric",
+                                               "lightning_fabric")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.WARNING)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r".*LeafSpec.*")
+            yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
+def qe_scores(model_path: str, src: Sequence[str], hyp: Sequence[str], ref: Optional[Sequence[str]] = None, *,
+              batch_size: int = DEFAULT_QE_BATCH_SIZE, precision: str = "fp16",
+              device: Optional[str] = None) -> tuple[list[float], str]:
+    """Per-segment scores of one COMET-family model and the signature of how they were computed.
+
+    The scores are comet-score's: the model halved for fp16 as comet-score does, then comet's own
+    ``predict`` (its length batching by source). Reference-free models (CometKiwi) never see ``ref``.
+    The model is freed before this returns."""
+    from importlib import metadata
+
+    from qeebm.qe.models import load_qe, qe_kind
+
+    dev = _torch_device(device)
+    model = load_qe(model_path)
+    try:
+        kind = qe_kind(model)
+        uses_ref = kind != "kiwi"
+        if uses_ref and ref is None:
+            raise QeebmError(f"QE model {model_path} is reference-based ({kind}) and needs references")
+        if precision == "fp16":
+            model.half()
+        samples = [{"src": s, "mt": m} for s, m in zip(src, hyp)]
+        if uses_ref:
+            for sample, r in zip(samples, ref):
+                sample["ref"] = r
+        gpus = 1 if dev.type == "cuda" else 0
+        with _quiet_lightning():
+            # num_workers=0: forking data workers of a process holding a multi-GB model buys nothing here
+            out = model.predict(samples, batch_size=batch_size, gpus=gpus,
+                                devices=[dev.index or 0] if gpus else None, progress_bar=False,
+                                accelerator="gpu" if gpus else "cpu", num_workers=0)
+        scores = [float(x) for x in out.scores]
+    finally:
+        del model
+        gc.collect()  # Lightning leaves a model <-> trainer reference cycle
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+    signature = "|".join([f"model:{model_path}", f"kind:{kind}", f"refs:{'yes' if uses_ref else 'no'}",
+                          f"precision:{precision}", f"batch:{batch_size}",
+                          f"version:{metadata.version('unbabel-comet')}"])
+    return scores, signature
+
+
+# ----------------------------------------------------------------------------------------------
+# Test sets, hypotheses, decoding
+
+
+def read_test(test) -> tuple[list[str], list[str], Optional[str]]:
+    """(sources, references, path) of a test corpus given as a path, a CorpusConfig or a Corpus."""
+    from qeebm.data import Corpus, read_corpus
+
+    if isinstance(test, Corpus):
+        if test.tgt is None:
+            raise QeebmError("the test corpus has no references")
+        return list(test.src), list(test.tgt), None
+    cfg = test if isinstance(test, CorpusConfig) else CorpusConfig(path=str(test))
+    corpus = read_corpus(cfg, "test", need_target=True)
+    return corpus.src, corpus.tgt, cfg.path
+
+
+def segments_sha256(src: Sequence[str], ref: Sequence[str]) -> str:
+    """sha256 of the scored segments, not of a file: one test set hashes alike whatever its file
+    format, and a subset of it (max_examples) hashes differently."""
+    blob = json.dumps({"src": list(src), "ref": list(ref)}, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+def read_hypotheses(path: Union[str, Path]) -> list[str]:
+    """One hypothesis a line. Lines are stripped as comet-score strips them (sacrebleu strips their
+    right end; its tokenisers ignore the left), so both command lines score what the report holds."""
+    path = Path(path)
+    if not path.is_file():
+        raise QeebmError(f"hypothesis file not found: {path}")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise QeebmError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [line.strip() for line in lines]
+
+
+def decode_test(translator, src: Sequence[str], gen: GenerationConfig) -> list[str]:
+    """Hypotheses as one line each: the report's text is then exactly what a ``.hyp.txt`` beside it
+    holds, and rescoring that file with sacrebleu or comet-score reproduces the report."""
+    return [" ".join(h.split()) for h in translate_corpus(translator, list(src), gen)]
+
+
+def decoding_info(gen: GenerationConfig, translator=None) -> dict:
+    info = {"num_beams": gen.num_beams, "max_new_tokens": gen.max_new_tokens, "batch_size": gen.batch_size,
+            "do_sample": gen.do_sample}
+    if gen.do_sample:
+        info.update(temperature=gen.temperature, top_k=gen.top_k, top_p=gen.top_p)
+    if translator is not None:
+        info.update(src_lang=translator.src_code, tgt_lang=translator.tgt_code)
+    return info
+
+
+# ----------------------------------------------------------------------------------------------
+# One system -> one report
+
+
+def evaluate_system(
+    hyps_or_translator,
+    test,
+    metrics: Optional[MetricSpec] = None,
+    *,
+    system: str,
+    seed: Optional[int] = None,
+    config_id: Optional[str] = None,
+    generation: Optional[GenerationConfig] = None,
+    model: Optional[str] = None,
+    decoding: Optional[dict] = None,
+    trained_on: Optional[str] = None,
+    heldout: Union[Sequence[str], str] = "auto",
+    data_path: Optional[str] = None,
+) -> dict:
+    """Score one system on a test set; returns its validated report (qeebm/report.py format).
+
+    ``hyps_or_translator``: one hypothesis per test segment, or a ``Translator`` that decodes the
+    test sources with ``generation`` (default GenerationConfig: beam 5, 50 new tokens) where it is.
+    ``test``: a corpus path, CorpusConfig or Corpus with references. ``metrics``: default
+    ``MetricSpec()`` (the public hub models). ``trained_on``: the metric the system was optimised
+    against, or None; ``heldout``: "auto" is every neural metric computed except ``trained_on``.
+    ``model``, ``decoding`` and ``data_path`` are provenance only."""
+    spec = metrics or MetricSpec()
+    names = spec.selected()
+    models = spec.qe_models()
+    check_trained_on(trained_on, spec)
+    src, ref, path = read_test(test)
+    check_qe_models(spec, names)
+    seconds: dict[str, float] = {}
+    if isinstance(hyps_or_translator, (list, tuple)):
+        hyps = [str(h) for h in hyps_or_translator]
+        if len(hyps) != len(src):
+            raise QeebmError(f"{len(hyps)} hypotheses for {len(src)} test segments ({data_path or path or 'test set'})")
+    else:
+        gen = generation or GenerationConfig()
+        start = time.perf_counter()
+        hyps = decode_test(hyps_or_translator, src, gen)
+        seconds["decode"] = time.perf_counter() - start
+        decoding = decoding_info(gen, hyps_or_translator) | (decoding or {})
+
+    neural = [n for n in names if n in models]
+    scores, signatures = {}, {}
+    for name in neural:
+        start = time.perf_counter()
+        scores[name], signatures[name] = qe_scores(models[name], src, hyps, ref, batch_size=spec.batch_size(name),
+                                                   precision=spec.precision, device=spec.device)
+        seconds[name] = time.perf_counter() - start
+        log.info("%s (%s): %.4f over %d segments in %.1f s", name, models[name], sum(scores[name]) / len(hyps),
+                 len(hyps), seconds[name])
+    if heldout == "auto":
+        heldout = [n for n in neural if n != trained_on]
+
+    from qeebm.report import build_report, validate_report
+
+    report = build_report(system=system, seed=seed, config_id=config_id, hyp=hyps, ref=ref, src=src,
+                          data_sha256=segments_sha256(src, ref), scores=scores, data_path=data_path or path,
+                          model=model, decoding=decoding, trained_on=trained_on, heldout=list(heldout),
+                          signatures=signatures)
+    sacre = [n for n in SACREBLEU_METRICS if n in names]
+    report["corpus"] = {n: v for n, v in report["corpus"].items() if n in names}
+    report["signatures"] = {n: report["signatures"][n] for n in sacre + neural}
+    report["seconds"] = {k: round(v, 3) for k, v in seconds.items()}
+    return validate_report(report)
+
+
+def eval_report_path(run_dir: Union[str, Path], split: str = "test") -> Path:
+    return Path(run_dir) / "eval" / f"{split}.json"
+
+
+def write_eval(report: dict, run_dir: Union[str, Path], split: str = "test") -> Path:
+    """Write a report where scripts/compare.py looks for it: ``<run>/eval/<split>.json``."""
+    from qeebm.report import write_report
+
+    return write_report(eval_report_path(run_dir, split), report)
+
+
+# ----------------------------------------------------------------------------------------------
+# Run directories: model, config, and what the report says about them
+
+
+def run_config(run_dir: Union[str, Path]) -> Optional[dict]:
+    """The training config a run directory holds (config.yaml), or None."""
+    import yaml
+
+    path = Path(run_dir) / "config.yaml"
+    if not path.is_file():
+        return None
+    return yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+
+
+def run_model_dir(run_dir: Union[str, Path]) -> Path:
+    """The run's best checkpoint, else its final one."""
+    for name in ("best", "final"):
+        candidate = Path(run_dir) / name
+        if (candidate / "config.json").is_file() or (candidate / "adapter_config.json").is_file():
+            return candidate
+    raise QeebmError(f"{run_dir} holds no best/ or final/ model: is it a finished qeebm run directory?")
+
+
+def run_of_model(model_path: Union[str, Path]) -> Optional[Path]:
+    """The run directory a ``<run>/best`` or ``<run>/final`` model belongs to, if it is one."""
+    path = Path(model_path)
+    if path.name in ("best", "final") and (path.parent / "config.yaml").is_file():
+        return path.parent
+    return None
+
+
+def system_name(config: dict) -> str:
+    """A run's default system name: its method (QE-EBM with its QE mode), shared by all its seeds."""
+    method = str(config.get("method", "sft"))
+    if method == "qe-ebm":
+        return f"qe-ebm-{(config.get('qe') or {}).get('mode', 'static')}"
+    return method
+
+
+def _same_model(a: str, b: str) -> bool:
+    pa, pb = Path(a).expanduser(), Path(b).expanduser()
+    if pa.exists() and pb.exists():
+        return pa.resolve() == pb.resolve()
+    return a == b
+
+
+def infer_trained_on(config: Optional[dict], spec: MetricSpec) -> Optional[str]:
+    """The metric a run was optimised against: the metric whose model is the run's qe.path, else
+    "kiwi" for a QE-trained method (they all train against a CometKiwi-style estimator); None for
+    SFT and for a model without a run."""
+    if not config or config.get("method") not in QE_TRAINED_METHODS:
+        return None
+    qe_path = str((config.get("qe") or {}).get("path", ""))
+    for name, model in spec.qe_models().items():
+        if qe_path and _same_model(model, qe_path):
+            return name
+    return "kiwi"
+
+
+def evaluate_run(run_dir: Union[str, Path], test=None, metrics: Optional[MetricSpec] = None, *,
+                 split: str = "test", generation: Optional[GenerationConfig] = None,
+                 system: Optional[str] = None, trained_on: Optional[str] = "auto",
+                 heldout: Union[Sequence[str], str] = "auto") -> tuple[dict, Path]:
+    """Evaluate a training run's best (else final) model and write ``<run>/eval/<split>.json``.
+    ``test`` defaults to the run's data.test; system, seed, config_id and trained_on come from the
+    run's config.yaml unless given. Returns (report, path)."""
+    from qeebm.config import ModelConfig
+    from qeebm.data import Corpus
+    from qeebm.report import config_id as make_config_id
     from qeebm.translator import Translator
 
-    test = read_corpus(CorpusConfig(path=args.test), "test", need_target=True)
-    decoding: dict = {}
-    if args.hyps:
-        path = Path(args.hyps)
-        if not path.is_file():
-            raise QeebmError(f"hypothesis file not found: {path}")
-        hyps = path.read_text(encoding="utf-8").split("\n")
-        if hyps and hyps[-1] == "":
-            hyps.pop()
-        if len(hyps) != len(test.src):
-            raise QeebmError(f"{path} has {len(hyps)} lines but {args.test} has {len(test.src)} segments")
-    elif args.model:
-        translator = Translator.load(ModelConfig(name_or_path=args.model, src_lang=args.src_lang, tgt_lang=args.tgt_lang))
-        gen = GenerationConfig(num_beams=args.beams, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size)
-        hyps = translate_corpus(translator, test.src, gen)
-        decoding = {"num_beams": gen.num_beams, "max_new_tokens": gen.max_new_tokens}
+    spec = metrics or MetricSpec()
+    config = run_config(run_dir)
+    if config is None:
+        raise QeebmError(f"{run_dir} has no config.yaml: is it a qeebm run directory?")
+    model_dir = run_model_dir(run_dir)
+    if test is None:
+        test = CorpusConfig(**((config.get("data") or {}).get("test") or {}))
+    src, ref, path = read_test(test)
+    trained_on = infer_trained_on(config, spec) if trained_on == "auto" else trained_on
+    check_trained_on(trained_on, spec)
+    check_qe_models(spec, spec.selected())
+    model_cfg = config.get("model") or {}
+    translator = Translator.load(ModelConfig(name_or_path=str(model_dir),
+                                             src_lang=model_cfg.get("src_lang", "eng_Latn"),
+                                             tgt_lang=model_cfg.get("tgt_lang", "khk_Cyrl")))
+    translator.to(_torch_device(spec.device))
+    gen = generation or GenerationConfig()
+    start = time.perf_counter()
+    hyps = decode_test(translator, src, gen)
+    decode_s = time.perf_counter() - start
+    decoding = decoding_info(gen, translator)
+    del translator  # the QE models come next, one at a time
+    gc.collect()
+    report = evaluate_system(
+        hyps, Corpus(src, ref, origin=[""] * len(src), name="test"), spec,
+        system=system or system_name(config), seed=config.get("seed"), config_id=make_config_id(config),
+        model=str(model_dir), decoding=decoding, trained_on=trained_on, heldout=heldout, data_path=path)
+    report["seconds"] = {"decode": round(decode_s, 3), **report["seconds"]}
+    return report, write_eval(report, run_dir, split)
+
+
+# ----------------------------------------------------------------------------------------------
+# qeebm evaluate
+
+
+def _parse_judges(items: Sequence[str]) -> dict[str, str]:
+    """``NAME=PATH`` or ``PATH`` (named "judge"); repeatable."""
+    judges: dict[str, str] = {}
+    for item in items:
+        name, sep, path = item.partition("=")
+        if not sep or not _JUDGE_NAME.match(name):
+            name, path = "judge", item
+        if name in judges:
+            raise QeebmError(f"judge '{name}' given twice: name each one, --judge NAME=MODEL")
+        judges[name] = path
+    return judges
+
+
+def _split_list(text: Optional[str]) -> Optional[list[str]]:
+    if text is None:
+        return None
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def metric_spec_from_args(args) -> MetricSpec:
+    """The MetricSpec of ``qeebm evaluate``'s options (--tinyworld first, then explicit models)."""
+    spec = MetricSpec.tinyworld(args.tinyworld) if args.tinyworld else MetricSpec()
+    for name in QE_METRICS:
+        if getattr(args, name):
+            setattr(spec, name, getattr(args, name))
+    spec.judges = {**spec.judges, **_parse_judges(args.judge or [])}
+    if args.no_neural:
+        if args.metrics:
+            raise QeebmError("--no-neural and --metrics both choose the metrics: give one of them")
+        spec.metrics = list(SACREBLEU_METRICS)
     else:
-        raise QeebmError("qeebm evaluate needs --model or --hyps")
-    scores, signatures = sacrebleu_scores(hyps, test.tgt)
-    report = {
-        "model": args.model,
-        "test": args.test,
-        "segments": len(hyps),
-        "decoding": decoding,
-        "corpus": scores,
-        "signatures": signatures,
-    }
-    print(json.dumps({"corpus": scores, "signatures": signatures}, indent=2))
-    if args.output:
-        out = Path(args.output)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.with_suffix(".hyp.txt").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
-        out.write_text(json.dumps(report | {"hyps": hyps}, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        spec.metrics = _split_list(args.metrics)
+    for name in QE_METRICS + ("judge",):
+        size = getattr(args, f"{name}_batch_size")
+        if size is not None:
+            spec.batch_sizes[name] = size
+    spec.precision = args.qe_precision
+    spec.device = args.device
+    return spec
+
+
+def evaluate_main(args) -> dict:
+    """``qeebm evaluate``: translate (or read) the test set's hypotheses, score them, print the
+    corpus scores and write the report (--output, or <run>/eval/<split>.json with --run)."""
+    from qeebm.config import ModelConfig
+    from qeebm.data import read_corpus
+    from qeebm.report import config_id as make_config_id
+    from qeebm.report import write_report
+    from qeebm.translator import Translator
+
+    spec = metric_spec_from_args(args)
+    names = spec.selected()
+
+    run = Path(args.run) if args.run else None
+    model = args.model
+    if run is not None and not args.model and not args.hyps:
+        model = str(run_model_dir(run))
+    if args.model and args.hyps:
+        raise QeebmError("give --model (to translate) or --hyps (translations already made), not both")
+    if not model and not args.hyps:
+        raise QeebmError("qeebm evaluate needs --model, --run or --hyps")
+    if run is None and model:
+        run = run_of_model(model)
+    config = run_config(run) if run is not None else None
+    if args.run and config is None:
+        raise QeebmError(f"{run} has no config.yaml: is it a qeebm run directory?")
+
+    if args.test:
+        test_cfg = CorpusConfig(path=args.test)
+    elif args.tinyworld:
+        test_cfg = CorpusConfig(path=str(Path(args.tinyworld) / "data" / "test.tsv"))
+    elif config and (config.get("data") or {}).get("test"):
+        test_cfg = CorpusConfig(**config["data"]["test"])
+    else:
+        test_cfg = CorpusConfig(path="data/tinyworld/data/test.tsv")
+    test = read_corpus(test_cfg, "test", need_target=True)
+    if args.trained_on == "auto":
+        trained_on = infer_trained_on(config, spec)
+    else:
+        trained_on = None if args.trained_on in ("none", "") else args.trained_on
+    check_trained_on(trained_on, spec)
+    check_qe_models(spec, names)  # before decoding: a missing model should cost seconds, not a decode
+
+    decoding: dict = {}
+    translated = False
+    if args.hyps:
+        hyps = read_hypotheses(args.hyps)
+        if len(hyps) != len(test.src):
+            raise QeebmError(f"hypotheses {args.hyps} have {len(hyps)} lines but test set {test_cfg.path} has "
+                             f"{len(test.src)} segments: the counts must match")
+        decoding = {"hyps": str(args.hyps)}
+    else:
+        model_cfg = (config or {}).get("model") or {}
+        translator = Translator.load(ModelConfig(
+            name_or_path=model, src_lang=args.src_lang or model_cfg.get("src_lang", "eng_Latn"),
+            tgt_lang=args.tgt_lang or model_cfg.get("tgt_lang", "khk_Cyrl")))
+        translator.to(_torch_device(spec.device))
+        gen = GenerationConfig(num_beams=args.beams, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size)
+        start = time.perf_counter()
+        hyps = decode_test(translator, test.src, gen)
+        decode_s = time.perf_counter() - start
+        decoding = decoding_info(gen, translator)
+        del translator  # free it before the QE models are loaded
+        gc.collect()
+        translated = True
+
+    if args.system:
+        system = args.system
+    elif config is not None:
+        system = system_name(config)
+    elif model:
+        system = Path(model).name or str(model)
+    else:
+        system = Path(args.hyps).stem
+    heldout = "auto" if args.heldout is None else _split_list(args.heldout)
+    seed = args.seed if args.seed is not None else (config or {}).get("seed")
+
+    report = evaluate_system(hyps, test, spec, system=system, seed=seed,
+                             config_id=make_config_id(config) if config is not None else None,
+                             model=model, decoding=decoding, trained_on=trained_on, heldout=heldout,
+                             data_path=test_cfg.path)
+    if translated:
+        report["seconds"] = {"decode": round(decode_s, 3), **report["seconds"]}
+
+    output = Path(args.output) if args.output else (eval_report_path(run, args.split) if args.run else None)
+    summary = {"system": system, "seed": seed, "segments": len(hyps), "corpus": report["corpus"],
+               "signatures": report["signatures"]}
+    if output is not None:
+        write_report(output, report)
+        if translated:
+            # the hypotheses as a file too, for sacrebleu / comet-score / human eyes
+            output.with_suffix(".hyp.txt").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+        summary["report"] = str(output)
+    print(json.dumps(summary, indent=2, ensure_ascii=False))
     return report
