@@ -1,0 +1,522 @@
+"""The recipe runner: one language pair's published comparison, from a recipe file of a few lines.
+
+A recipe file (``recipes/en-mn.sh``) states the pair, the public corpus, the models, the systems and
+the seeds as a ``Recipe`` and calls ``main``. ``main`` parses the command line into a ``Plan``
+(every run's resolved config, checked before anything slow happens) and runs it:
+
+1. data: the corpus is downloaded once and split as published (``qeebm/data_prep.py``) by the
+   main process of each node, while the others wait for its manifest; ``--tiny DIR`` uses the tiny
+   world's files;
+2. training: every (seed, system) run in turn, in this process, through ``qeebm.loop.train``.
+   Under ``accelerate launch`` every process executes the same sequence (SPMD) and the Accelerator
+   inside ``train`` picks up the distributed environment;
+3. evaluation: ``qeebm.evaluate.evaluate_run`` on each run's best model (BLEU, chrF++, TER, COMET,
+   COMET-Kiwi, XCOMET) -> ``<run>/eval/test.json``, on the main process only;
+4. comparison: ``scripts/compare.py``'s ``run`` over every report, on the main process.
+
+Finished work is skipped when the same command runs again (a run with ``final/``, an existing
+report) and an interrupted run resumes from its newest checkpoint.
+
+``python -m qeebm.recipe relaunch SCRIPT ARGS`` is what a recipe's shell part calls: it re-executes
+the recipe through ``accelerate launch`` (or directly for --dry-run/--help).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import logging
+import os
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional, Union
+
+from qeebm.config import Config, load_config, to_dict
+from qeebm.data_prep import HubCorpus, is_prepared
+from qeebm.errors import QeebmError
+from qeebm.langcodes import NLLB_TO_MBART50, to_model_code
+
+log = logging.getLogger("qeebm.recipe")
+
+REPO = Path(__file__).resolve().parent.parent
+CONFIGS = REPO / "recipes" / "configs" / "real"
+SEEDS = (231, 42, 6)
+DEFAULT_MODEL = "mbart50"
+# One name per system everywhere: the YAML file, the run directory, the report's "system".
+SYSTEMS = ("sft", "reinforce", "ppo", "qe-ebm-static", "qe-ebm-dynamic")
+
+
+@dataclass(frozen=True)
+class ModelChoice:
+    hub_id: str
+    family: str  # "mbart" | "nllb": which language table the codes must be in
+    tiny: str  # the stand-in inside a tiny world
+
+
+MODELS = {
+    # Published: mBART-50 with adapters (LoRA here; see the YAML files).
+    "mbart50": ModelChoice("facebook/mbart-large-50", "mbart", "mbart-base"),
+    "nllb600m": ModelChoice("facebook/nllb-200-distilled-600M", "nllb", "nllb-base"),
+}
+
+# Evaluation (qeebm/evaluate.py decides; these name its models in the dry run without importing torch):
+# report key -> model. Every system but SFT optimises kiwi; COMET and XCOMET are the independent
+# checks (compare.py's reward-hacking warning reads each report's trained_on and heldout).
+METRICS = {"comet": "Unbabel/wmt22-comet-da", "kiwi": "Unbabel/wmt22-cometkiwi-da", "xcomet": "Unbabel/XCOMET-XL"}
+# The tiny world has no XCOMET; its held-out judge (another seed and size) is the independent check.
+TINY_METRICS = {"comet": "qe/comet", "kiwi": "qe/kiwi", "judge": "qe/judge"}
+# The tiny world's language pair stands in for every recipe's.
+TINY_PAIR = ("eng_Latn", "khk_Cyrl")
+
+
+@dataclass
+class Recipe:
+    """What a recipe file states. ``models[0]`` is the default model; ``length_ratio`` is He et
+    al.'s published target/source token-ratio range for the pair's reward-hacking guard (None: the
+    guard's default range, nothing being published for the pair)."""
+
+    name: str
+    tgt_lang: str
+    corpus: HubCorpus
+    src_lang: str = "eng_Latn"
+    models: tuple[str, ...] = (DEFAULT_MODEL, "nllb600m")
+    systems: tuple[str, ...] = SYSTEMS
+    seeds: tuple[int, ...] = SEEDS
+    length_ratio: Optional[tuple[float, float]] = None
+    overrides: tuple[str, ...] = ()
+
+
+@dataclass
+class Run:
+    system: str
+    seed: int
+    config_file: Path
+    overrides: list[str]
+    cfg: Config
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.cfg.output.run_dir)
+
+    @property
+    def report(self) -> Path:
+        return self.run_dir / "eval" / "test.json"
+
+
+@dataclass
+class Plan:
+    recipe: Recipe
+    model: str
+    out: Path
+    world: int
+    runs: list[Run]
+    metrics: dict[str, str]
+    data_dir: Path
+    tiny: Optional[Path] = None
+    prepare_only: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def results(self) -> Path:
+        return self.out / "results" / self.model
+
+    @property
+    def baseline(self) -> str:
+        return "sft" if "sft" in {r.system for r in self.runs} else self.runs[0].system
+
+    def run_dirs(self) -> list[str]:
+        return list(dict.fromkeys(str(r.run_dir) for r in self.runs))
+
+    def compare_args(self) -> list[str]:
+        return [*self.run_dirs(), "--baseline", self.baseline, "--out", str(self.results), "--plots"]
+
+
+# ----------------------------------------------------------------------------------------------
+# Planning: everything here is offline and loads no model or data
+
+
+def parse_args(argv: list[str], recipe: Union[Recipe, Callable], prog: str) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog=prog, description="The published comparison for one language pair "
+                                "(recipes/README.md). Runs under `accelerate launch` or `bash`.")
+    if callable(recipe) and not isinstance(recipe, Recipe):
+        p.add_argument("language", help="target language, an NLLB-200 code such as khk_Cyrl")
+        p.add_argument("--corpus-lang", help="the language's key in the corpus (OPUS-100: ISO 639-1, e.g. mn); "
+                                             "derived from the mBART-50 code when there is one")
+        p.add_argument("--corpus", choices=("opus100", "ted"), default="opus100", help="public corpus (default opus100)")
+    p.add_argument("--model", help="translator: mbart50 (published, default) or nllb600m")
+    p.add_argument("--systems", help=f"comma-separated subset of {','.join(SYSTEMS)}")
+    p.add_argument("--seeds", type=int, metavar="N", help="run the first N of the recipe's seeds")
+    p.add_argument("--seed", type=int, action="append", metavar="S", help="run this seed (repeatable) instead")
+    p.add_argument("--steps", type=int, metavar="N", help="optimiser steps per run (optim.max_steps)")
+    p.add_argument("--out", help="output root (default runs/recipes/NAME)")
+    p.add_argument("--tiny", metavar="DIR", default=os.environ.get("QEEBM_TINY_WORLD") or None,
+                   help="run offline on the tiny world in DIR (qeebm tinyworld build DIR) instead of the real "
+                        "models and data (env QEEBM_TINY_WORLD)")
+    p.add_argument("--set", action="append", default=[], metavar="[SYSTEM:]KEY=VALUE",
+                   help="dotted config override for every run (--set optim.lr=1e-4) or one system's runs "
+                        "(--set ppo:optim.batch_size=24); repeatable")
+    p.add_argument("--dry-run", action="store_true", help="print the plan and exit; loads no model or data")
+    p.add_argument("--prepare-only", action="store_true", help="download and split the data, then stop")
+    p.add_argument("--check", action="store_true", help="check the request and exit quietly (what `bash RECIPE` "
+                                                          "does before it starts accelerate)")
+    p.add_argument("--accelerate-config", metavar="FILE",
+                   help="with `bash RECIPE`: the accelerate config to launch with (recipes/accelerate/*.yaml)")
+    return p.parse_args(argv)
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in d.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def config_diff(cfg: Config, explicit: list[str] = ()) -> dict:
+    """Every setting that differs from the dataclass defaults, as dotted keys, and the ``explicit``
+    ones (``key=value`` overrides) even where they equal the default: the seed, the language pair."""
+    keys = {o.split("=", 1)[0].strip() for o in explicit}
+    base, mine = _flat(to_dict(Config())), _flat(to_dict(cfg))
+    return {k: v for k, v in mine.items() if base.get(k) != v or k in keys}
+
+
+def _check_backend() -> None:
+    # qeebm/loop.py prepares the model and the optimiser in separate calls and generates with the
+    # unwrapped model: DeepSpeed never gets its engine (accelerator.backward would fail on the first
+    # step) and FSDP would sample from sharded weights. Fail now rather than after the data download.
+    for var, name in (("ACCELERATE_USE_DEEPSPEED", "DeepSpeed"), ("ACCELERATE_USE_FSDP", "FSDP")):
+        if os.environ.get(var, "").lower() == "true":
+            raise QeebmError(f"{name} is not supported by qeebm's training loop yet (recipes/README.md, "
+                             "'What works'); launch with recipes/accelerate/single_gpu.yaml or multi_gpu.yaml")
+
+
+def _grad_accum(cfg: Config, world: int) -> int:
+    """The YAML's accumulation on one process, spread over ``world`` processes while the global
+    batch stays as published (16 = 4 x 4 on one GPU, 2 x 2 x 4 on two, 4 x 1 x 4 on four)."""
+    return max(1, cfg.optim.grad_accum // world)
+
+
+def resolve_recipe(recipe: Union[Recipe, Callable], args: argparse.Namespace) -> Recipe:
+    if isinstance(recipe, Recipe):
+        return recipe
+    # A language the chosen model lacks is the first thing to say, before any corpus question.
+    model = MODELS.get(args.model or DEFAULT_MODEL)
+    if model is not None:
+        to_model_code(args.language, model.family)
+    return recipe(args.language, corpus_lang=args.corpus_lang, corpus=args.corpus)
+
+
+def build_plan(recipe: Recipe, args: argparse.Namespace) -> Plan:
+    model = args.model or recipe.models[0]
+    if model not in MODELS:
+        raise QeebmError(f"--model must be one of {', '.join(MODELS)}; got '{model}'")
+    choice = MODELS[model]
+    # The pair must exist in the model's language table, whatever the tiny world stands in with.
+    to_model_code(recipe.src_lang, choice.family)
+    to_model_code(recipe.tgt_lang, choice.family)
+    _check_backend()
+    systems = recipe.systems
+    if args.systems:
+        systems = tuple(s.strip() for s in args.systems.split(",") if s.strip())
+        unknown = [s for s in systems if s not in SYSTEMS]
+        if unknown:
+            raise QeebmError(f"unknown system(s) {', '.join(unknown)}; choose from {', '.join(SYSTEMS)}")
+    seeds = tuple(args.seed) if args.seed else recipe.seeds[: args.seeds] if args.seeds else recipe.seeds
+    if not seeds or not systems:
+        raise QeebmError("nothing to run: no seeds or no systems selected")
+    if args.steps is not None and args.steps < 1:
+        raise QeebmError(f"--steps must be at least 1; got {args.steps}")
+    out = Path(args.out or REPO / "runs" / "recipes" / recipe.name)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    tiny = Path(args.tiny).resolve() if args.tiny else None
+    notes = []
+    data = {"train": "train.tsv", "dev": "dev.tsv", "test": "test.tsv", "mono": "mono.txt"}
+    if tiny is not None:
+        if not (tiny / "manifest.json").is_file():
+            raise QeebmError(f"--tiny {tiny}: no finished tiny world there (build one: qeebm tinyworld build {tiny})")
+        data_dir = tiny / "data"
+        metrics = {k: str(tiny / v) for k, v in TINY_METRICS.items()}
+        notes.append(f"tiny world {tiny}: its English -> pseudo-Mongolian pair, models and QEs stand in for "
+                     f"{recipe.src_lang} -> {recipe.tgt_lang}, {choice.hub_id} and {recipe.corpus.describe()}")
+    else:
+        # Per model: the length filter counts the translator's own tokens.
+        data_dir = out / "data" / model
+        metrics = dict(METRICS)
+    common = [f"model.src_lang={recipe.src_lang}", f"model.tgt_lang={recipe.tgt_lang}",
+              f"model.name_or_path={choice.hub_id}"]
+    common += [f"data.{split}.path={data_dir / name}" for split, name in data.items()]
+    if recipe.length_ratio is not None:
+        lo, hi = recipe.length_ratio
+        common.append(f"guards.length_ratio_ranges=[[{recipe.src_lang}, {recipe.tgt_lang}, {lo}, {hi}]]")
+    common += list(recipe.overrides)
+    if tiny is not None:
+        src, tgt = TINY_PAIR
+        common += [f"model.src_lang={src}", f"model.tgt_lang={tgt}", f"model.name_or_path={tiny / choice.tiny}",
+                   f"qe.path={tiny / 'qe/kiwi'}", 'optim.mixed_precision="no"', "optim.max_steps=4",
+                   "optim.warmup_steps=0", "qe.warmup_steps=0", "eval.every=0", "eval.max_examples=16",
+                   "output.save_every=0", "logging.every=1", "logging.tensorboard=false", "logging.progress_bar=false"]
+    if args.steps is not None:
+        common.append(f"optim.max_steps={args.steps}")
+    scoped = {}
+    for item in args.set:
+        key = item.split("=", 1)[0]
+        target, sep, _ = key.partition(":")
+        if sep and target not in SYSTEMS:
+            raise QeebmError(f"--set {item}: '{target}' is not a system ({', '.join(SYSTEMS)})")
+        scoped.setdefault(target if sep else None, []).append(item[len(target) + 1:] if sep else item)
+    runs = []
+    for seed in seeds:
+        for system in systems:
+            user = scoped.get(None, []) + scoped.get(system, [])
+            path = CONFIGS / f"{system}.yaml"
+            overrides = common + [f"seed={seed}", f"output.run_dir={out / 'runs' / model / system / f'seed{seed}'}"]
+            cfg = load_config(path, overrides + user)
+            if not any(o.split("=", 1)[0].strip() == "optim.grad_accum" for o in user):
+                accum = _grad_accum(cfg, world)
+                if accum != cfg.optim.grad_accum:
+                    overrides.append(f"optim.grad_accum={accum}")
+                    cfg = load_config(path, overrides + user)
+            o = cfg.optim
+            if o.batch_size % (world * o.grad_accum):
+                raise QeebmError(f"{system}: optim.batch_size={o.batch_size} cannot be split over {world} processes x "
+                                 f"{o.grad_accum} micro-steps; use another process count or --set {system}:optim.batch_size=...")
+            runs.append(Run(system, seed, path, overrides + user, cfg))
+    precisions = {r.cfg.optim.mixed_precision for r in runs}
+    if len(precisions) > 1:
+        # accelerate keeps one mixed-precision state per process, fixed by the first run.
+        raise QeebmError(f"all runs of a recipe must share optim.mixed_precision; got {', '.join(sorted(precisions))}")
+    return Plan(recipe, model, out, world, runs, metrics, data_dir, tiny, args.prepare_only, notes)
+
+
+# ----------------------------------------------------------------------------------------------
+# The dry run
+
+
+def _yaml_value(value) -> str:
+    import yaml
+
+    return yaml.safe_dump(value, default_flow_style=True, allow_unicode=True).strip().removesuffix("...").strip()
+
+
+def format_plan(plan: Plan) -> str:
+    r, choice = plan.recipe, MODELS[plan.model]
+    lines = [f"recipe {r.name}: {r.src_lang} -> {r.tgt_lang}, model {plan.model} ({choice.hub_id}), "
+             f"{len({x.system for x in plan.runs})} systems x {len({x.seed for x in plan.runs})} seeds = "
+             f"{len(plan.runs)} runs, {plan.world} process(es)"]
+    lines += [f"note: {n}" for n in plan.notes]
+    lines.append("")
+    if plan.tiny is None:
+        lines.append(f"1. data: {r.corpus.describe()}: all splits <= 50 {plan.model} tokens per side, train capped "
+                     f"at 200000 pairs, 20% labelled / 80% source-only (qeebm/data_prep.py)")
+        state = "already prepared" if is_prepared(plan.data_dir) else "downloaded on the first real run"
+        lines.append(f"   -> {plan.data_dir}/{{train.tsv,mono.txt,dev.tsv,test.tsv}} ({state})")
+    else:
+        lines.append(f"1. data: the tiny world's files in {plan.data_dir}")
+    diffs = [config_diff(run.cfg, run.overrides) for run in plan.runs]
+    shared = {k: v for k, v in diffs[0].items() if all(d.get(k) == v for d in diffs[1:])}
+    lines += ["", "2. training; settings shared by every run (differences from qeebm/config.py's defaults):"]
+    lines += [f"     {k}: {_yaml_value(v)}" for k, v in shared.items()]
+    for i, (run, diff) in enumerate(zip(plan.runs, diffs), 1):
+        rel = run.config_file.relative_to(REPO) if run.config_file.is_relative_to(REPO) else run.config_file
+        done = " (done: final/ exists)" if (run.run_dir / "final").is_dir() else ""
+        lines.append(f"   [{i}/{len(plan.runs)}] {run.system} seed {run.seed} -> {run.run_dir}{done}")
+        lines += [f"       {k}: {_yaml_value(v)}" for k, v in diff.items() if k not in shared]
+        lines.append(f"       same run alone: accelerate launch -m qeebm.cli train --config {rel} "
+                     + " ".join(shlex.quote(o) for o in run.overrides))
+    metrics = " ".join(f"{k}={v}" for k, v in plan.metrics.items())
+    g = plan.runs[0].cfg.generation
+    tiny = f" --tinyworld {shlex.quote(str(plan.tiny))}" if plan.tiny is not None else ""
+    lines += ["", f"3. evaluation on the main process, of each run's best/ model on {plan.runs[0].cfg.data.test.path} "
+              f"(beam {g.num_beams}, max {g.max_new_tokens} new tokens): BLEU, chrF++, TER, {metrics}; "
+              "trained_on kiwi for every system but sft; for each run the same as",
+              f"   qeebm evaluate --run RUN_DIR{tiny} --beams {g.num_beams} --max-new-tokens {g.max_new_tokens} "
+              f"--batch-size {g.batch_size} --system SYSTEM   -> RUN_DIR/eval/test.json", "",
+              "4. comparison:", "   python scripts/compare.py " + " ".join(shlex.quote(a) for a in plan.compare_args())]
+    return "\n".join(lines) + "\n"
+
+
+# ----------------------------------------------------------------------------------------------
+# Running the plan (SPMD: every process calls this with the same plan)
+
+
+def _free_memory() -> None:
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def prepare_data(plan: Plan, state) -> None:
+    from qeebm.data_prep import prepare
+
+    if plan.tiny is not None:
+        return
+    cfg = plan.runs[0].cfg
+    choice = MODELS[plan.model]
+    if state.is_local_main_process:
+        prepare(plan.recipe.corpus, plan.data_dir, tokenizer=choice.hub_id,
+                src_code=to_model_code(cfg.model.src_lang, choice.family),
+                tgt_code=to_model_code(cfg.model.tgt_lang, choice.family), max_tokens=cfg.data.max_tokens)
+        return
+    # Polling the manifest instead of a barrier: a download may outlast NCCL's collective timeout,
+    # and if the main process fails the launcher ends this one.
+    while not is_prepared(plan.data_dir):
+        time.sleep(5)
+
+
+def train_runs(plan: Plan) -> None:
+    from qeebm.loop import train
+
+    for i, run in enumerate(plan.runs, 1):
+        if (run.run_dir / "final").is_dir():
+            log.info("[%d/%d] %s seed %d: already trained (%s/final)", i, len(plan.runs), run.system, run.seed, run.run_dir)
+            continue
+        log.info("[%d/%d] training %s seed %d -> %s", i, len(plan.runs), run.system, run.seed, run.run_dir)
+        train(run.cfg)
+        _free_memory()
+
+
+def metric_spec(plan: Plan):
+    from qeebm.evaluate import MetricSpec
+
+    return MetricSpec.tinyworld(plan.tiny) if plan.tiny is not None else MetricSpec()
+
+
+def evaluate_runs(plan: Plan) -> None:
+    """Each run's best model on the test set, through qeebm/evaluate.py (the numbers comet-score and
+    sacrebleu would give). Main process only: it takes no collective, so the other processes may
+    already have left and no barrier can time out during a long XCOMET-XL pass."""
+    from qeebm.evaluate import evaluate_run
+
+    spec = metric_spec(plan)
+    for i, run in enumerate(plan.runs, 1):
+        if run.report.is_file():
+            log.info("[%d/%d] %s seed %d: already evaluated (%s)", i, len(plan.runs), run.system, run.seed, run.report)
+            continue
+        report, path = evaluate_run(run.run_dir, run.cfg.data.test, spec, generation=run.cfg.generation,
+                                    system=run.system)
+        log.info("[%d/%d] %s seed %d: %s -> %s", i, len(plan.runs), run.system, run.seed,
+                 " ".join(f"{k}={v:.4g}" for k, v in report["corpus"].items()), path)
+        _free_memory()
+
+
+def compare_runs(plan: Plan) -> str:
+    from qeebm.compare import run as compare
+
+    return compare(plan.run_dirs(), baseline=plan.baseline, out=plan.results, plots=True)
+
+
+def execute(plan: Plan) -> None:
+    import torch
+    from accelerate import PartialState
+
+    # As qeebm/loop.py's Accelerator: without cpu=True, processes on a machine without CUDA would each
+    # think they are alone instead of joining one gloo group.
+    state = PartialState(cpu=not torch.cuda.is_available())
+    if plan.tiny is not None:
+        # Tiny models gain nothing from intra-op threads, and lose a lot on a busy shared machine.
+        torch.set_num_threads(1)
+    prepare_data(plan, state)
+    if plan.prepare_only:
+        return
+    train_runs(plan)
+    if not state.is_main_process:
+        return
+    evaluate_runs(plan)
+    sys.stdout.write(compare_runs(plan))
+    print(f"results: {plan.results}/comparison.md")
+
+
+# ----------------------------------------------------------------------------------------------
+# Entry points
+
+
+def _is_main_process() -> bool:
+    return os.environ.get("RANK", "0") == "0"
+
+
+def main(recipe: Union[Recipe, Callable], argv: Optional[list[str]] = None, prog: Optional[str] = None) -> int:
+    """The Python part of a recipe file: plan, then print (--dry-run) or run. Exit code 2 with a
+    one-line error for anything wrong in the request."""
+    argv = sys.argv[1:] if argv is None else argv
+    if prog is None:
+        prog = os.path.relpath(sys.argv[0]) if sys.argv and sys.argv[0] else "recipe"
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
+    # Progress from qeebm on the main process; libraries (sacrebleu's per-test lines) only warn.
+    logging.getLogger("qeebm").setLevel(logging.INFO if _is_main_process() else logging.WARNING)
+    try:
+        args = parse_args(argv, recipe, prog)
+        if args.accelerate_config:
+            raise QeebmError("--accelerate-config is for `bash RECIPE ...`; under accelerate launch pass "
+                             "--config_file to accelerate itself")
+        plan = build_plan(resolve_recipe(recipe, args), args)
+        if args.check:
+            return 0
+        if args.dry_run:
+            if _is_main_process():
+                sys.stdout.write(format_plan(plan))
+            return 0
+        execute(plan)
+    except QeebmError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return err.exit_code
+    return 0
+
+
+def relaunch(script: str, args: list[str]) -> int:
+    """``bash RECIPE ARGS``: run the recipe file through ``accelerate launch`` with this Python, the
+    config from --accelerate-config (or QEEBM_ACCELERATE_CONFIG), else accelerate's own default
+    config. A dry run, --check or --help needs no launcher."""
+    py = sys.executable
+    if any(a in ("--dry-run", "--check", "-h", "--help") for a in args):
+        os.execv(py, [py, script, *args])
+    config = os.environ.get("QEEBM_ACCELERATE_CONFIG")
+    rest = []
+    it = iter(args)
+    for a in it:
+        if a == "--accelerate-config":
+            config = next(it, None)
+            if config is None:
+                print("error: --accelerate-config needs a file", file=sys.stderr)
+                return 2
+        elif a.startswith("--accelerate-config="):
+            config = a.split("=", 1)[1]
+        else:
+            rest.append(a)
+    if config and not Path(config).is_file():
+        print(f"error: accelerate config file not found: {config}", file=sys.stderr)
+        return 2
+    # A bad request is a one-line error and exit 2 here, not a launcher traceback around it.
+    checked = subprocess.run([py, script, *rest, "--check"])
+    if checked.returncode:
+        return checked.returncode
+    cmd = [py, "-m", "accelerate.commands.launch", *(["--config_file", config] if config else []), script, *rest]
+    print("+ " + " ".join(shlex.quote(c) for c in cmd), file=sys.stderr, flush=True)
+    os.execv(py, cmd)
+    return 0  # not reached
+
+
+def corpus_code(nllb: str, corpus_lang: Optional[str]) -> str:
+    """The target's key in OPUS-100 / TED (ISO 639-1): given, or the language part of its mBART-50 code."""
+    if corpus_lang:
+        return corpus_lang
+    to_model_code(nllb, "nllb")  # an unknown code is an error with a suggestion
+    mbart = NLLB_TO_MBART50.get(nllb)
+    if mbart is None:
+        raise QeebmError(f"cannot tell the corpus key of '{nllb}' (it has no mBART-50 code): pass --corpus-lang, "
+                         "e.g. --corpus-lang ha for OPUS-100's en-ha")
+    return mbart.split("_")[0]
+
+
+if __name__ == "__main__":
+    if len(sys.argv) >= 3 and sys.argv[1] == "relaunch":
+        sys.exit(relaunch(sys.argv[2], sys.argv[3:]))
+    print("usage: python -m qeebm.recipe relaunch RECIPE [ARGS]  (what `bash recipes/<pair>.sh` runs)", file=sys.stderr)
+    sys.exit(2)

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+""":"
+# English -> German (IWSLT 2017), the paper's five systems x 3 seeds, evaluated and compared.
+#   accelerate launch recipes/en-de.sh [--dry-run] [--tiny DIR] [--model nllb600m] [--seeds N] [--steps N]
+#   bash recipes/en-de.sh ...   # the same, re-run through `accelerate launch` (--accelerate-config FILE)
+# Options, data sets and accelerate configs: recipes/README.md. This file is read by bash and by Python:
+# bash runs the lines below up to `exec`; Python takes them for a string and runs the part after it.
+here="$(cd "$(dirname "$0")/.." && pwd)"
+py="${QEEBM_PYTHON:-${VIRTUAL_ENV:+$VIRTUAL_ENV/bin/python}}"
+[ -n "$py" ] || py="$here/.venv/bin/python"; [ -x "$py" ] || py=python3
+PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}" exec "$py" -m qeebm.recipe relaunch "$0" "$@"
+":"""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # a checkout without `pip install -e .`
+from qeebm.data_prep import iwslt2017  # noqa: E402
+from qeebm.recipe import Recipe, main  # noqa: E402
+
+RECIPE = Recipe(
+    name="en-de",
+    tgt_lang="deu_Latn",  # mBART-50: de_DE
+    corpus=iwslt2017("de"),  # IWSLT 2017 TED, as published
+    models=("mbart50", "nllb600m"),  # published: mBART-50; NLLB-200 with --model nllb600m
+    seeds=(231, 42, 6),
+    length_ratio=(1.05, 1.36),  # He et al.'s target/source token-ratio range for the guards
+)
+
+if __name__ == "__main__":
+    sys.exit(main(RECIPE))

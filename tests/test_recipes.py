@@ -1,0 +1,322 @@
+"""The recipes: every dry run, the data step's split logic, and whole recipes on the tiny world run
+the way users type them (``bash recipes/en-mn.sh``, ``accelerate launch recipes/en-mn.sh``)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from qeebm import data_prep
+from qeebm.config import load_config
+from qeebm.data_prep import HubCorpus, carve, iwslt2017, opus100, pairs_from_rows, split_train, ted_multi
+from qeebm.errors import QeebmError
+from qeebm.recipe import METRICS, SYSTEMS, Recipe, build_plan, format_plan, main, parse_args
+
+REPO = Path(__file__).resolve().parent.parent
+RECIPES = REPO / "recipes"
+PAIRS = ["en-mn", "en-az", "en-ka", "en-mr", "en-bn", "en-de", "en-zh"]
+# The same interpreter for bash's re-execution, and no hub anywhere.
+ENV = {**os.environ, "QEEBM_PYTHON": sys.executable, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+       "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
+
+
+def run(cmd: list[str], timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
+    """A command in its own process group, killed whole if it outlives ``timeout``."""
+    proc = subprocess.Popen(cmd, cwd=REPO, env={**ENV, **(env or {})}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        pytest.fail(f"{' '.join(cmd)} did not finish in {timeout} s")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def plan_for(recipe: Recipe, *argv: str):
+    return build_plan(recipe, parse_args(list(argv), recipe, "test"))
+
+
+EN_MN = Recipe(name="en-mn", tgt_lang="khk_Cyrl", corpus=ted_multi("mn"))
+EN_DE = Recipe(name="en-de", tgt_lang="deu_Latn", corpus=iwslt2017("de"), length_ratio=(1.05, 1.36))
+
+
+@pytest.fixture
+def quiet_qeebm_logger():
+    """main() sets the qeebm logger's level for a recipe's lifetime; tests put it back."""
+    logger = logging.getLogger("qeebm")
+    level = logger.level
+    yield
+    logger.setLevel(level)
+
+
+# ----------------------------------------------------------------------------------------------
+# Dry runs: offline, nothing loaded, nothing written
+
+
+@pytest.mark.parametrize("pair", PAIRS + ["any-pair"])
+def test_every_recipe_dry_run_prints_its_plan(pair, tmp_path):
+    extra = ["kat_Geor"] if pair == "any-pair" else []
+    out = tmp_path / "out"
+    start = time.monotonic()
+    proc = run(["bash", str(RECIPES / f"{pair}.sh"), *extra, "--dry-run", "--out", str(out)], timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    text = proc.stdout
+    assert "5 systems x 3 seeds = 15 runs" in text
+    for system in SYSTEMS:
+        for seed in (231, 42, 6):
+            assert f"{system} seed {seed} -> {out / 'runs' / 'mbart50' / system / f'seed{seed}'}" in text
+    assert "same run alone: accelerate launch -m qeebm.cli train --config recipes/configs/real/ppo.yaml" in text
+    assert "qeebm evaluate --run RUN_DIR" in text and "python scripts/compare.py" in text
+    assert "--baseline sft" in text
+    assert not out.exists(), "a dry run must not write anything"
+    assert time.monotonic() - start < 30
+
+
+def test_dry_run_shows_the_pair_data_guards_and_models():
+    text = format_plan(plan_for(EN_DE, "--model", "nllb600m"))
+    assert "IWSLT/iwslt2017 [iwslt2017-en-de/, @refs/convert/parquet] en->de" in text
+    assert "model.name_or_path: facebook/nllb-200-distilled-600M" in text
+    assert "model.tgt_lang: deu_Latn" in text
+    assert "guards.length_ratio_ranges: [[eng_Latn, deu_Latn, 1.05, 1.36]]" in text
+    assert "kiwi=Unbabel/wmt22-cometkiwi-da" in text and "xcomet=Unbabel/XCOMET-XL" in text
+    plan = plan_for(EN_DE)
+    assert [r.cfg.guards.length_ratio_ranges for r in plan.runs][0] == [("eng_Latn", "deu_Latn", 1.05, 1.36)]
+
+
+def test_plan_follows_the_published_setup():
+    plan = plan_for(EN_MN)
+    assert len(plan.runs) == 15 and [r.seed for r in plan.runs[:5]] == [231] * 5
+    by_system = {r.system: r.cfg for r in plan.runs if r.seed == 231}
+    for system, cfg in by_system.items():
+        assert cfg.model.name_or_path == "facebook/mbart-large-50" and cfg.model.lora.enabled
+        o = cfg.optim
+        assert (o.lr, o.betas, o.eps, o.weight_decay, o.max_grad_norm) == (3e-4, (0.9, 0.98), 1e-6, 1e-5, 0.5)
+        assert o.mixed_precision == "fp16" and cfg.eval.every == 100
+        assert (cfg.generation.num_beams, cfg.generation.max_new_tokens) == (5, 50)
+        assert cfg.data.max_tokens == 50
+        if system != "sft":
+            assert cfg.qe.path == "Unbabel/wmt22-cometkiwi-da"
+    assert (by_system["sft"].optim.batch_size, by_system["sft"].optim.grad_accum) == (16, 4)
+    assert (by_system["ppo"].optim.batch_size, by_system["ppo"].ppo.minibatches, by_system["ppo"].ppo.epochs) == (20, 5, 2)
+    assert by_system["qe-ebm-static"].qe.mode == "static" and by_system["qe-ebm-dynamic"].qe.mode == "dynamic"
+    assert by_system["reinforce"].reinforce.guards and by_system["ppo"].ppo.guards
+    assert by_system["reinforce"].reinforce.top_p == 0.9 and by_system["qe-ebm-static"].qe_ebm.num_samples == 5
+
+
+def test_several_processes_keep_the_global_batch(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    plan = plan_for(EN_MN, "--seeds", "1")
+    accum = {r.system: (r.cfg.optim.batch_size, r.cfg.optim.grad_accum) for r in plan.runs}
+    assert accum["sft"] == (16, 2) and accum["qe-ebm-dynamic"] == (16, 2) and accum["ppo"] == (20, 1)
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    with pytest.raises(QeebmError, match="ppo: optim.batch_size=20 cannot be split over 8 processes"):
+        plan_for(EN_MN)
+    plan = plan_for(EN_MN, "--seeds", "1", "--set", "ppo:optim.batch_size=24", "--set", "ppo:ppo.minibatches=6")
+    ppo = next(r for r in plan.runs if r.system == "ppo")
+    sft = next(r for r in plan.runs if r.system == "sft")
+    assert ppo.cfg.optim.batch_size == 24 and sft.cfg.optim.batch_size == 16 and sft.cfg.optim.grad_accum == 1
+
+
+def test_selection_options_and_mistakes():
+    plan = plan_for(EN_MN, "--systems", "sft,ppo", "--seed", "7", "--steps", "3", "--set", "optim.lr=1e-4")
+    assert [(r.system, r.seed, r.cfg.optim.max_steps, r.cfg.optim.lr) for r in plan.runs] == [
+        ("sft", 7, 3, 1e-4), ("ppo", 7, 3, 1e-4)]
+    for argv, message in [(["--systems", "sft,dpo"], "unknown system"), (["--model", "m2m"], "--model must be"),
+                          (["--set", "optim.lrr=1"], "did you mean 'optim.lr'"),
+                          (["--set", "dpo:optim.lr=1"], "'dpo' is not a system"),
+                          (["--tiny", "/nonexistent"], "no finished tiny world"),
+                          (["--set", "sft:optim.mixed_precision=bf16"], "must share optim.mixed_precision")]:
+        with pytest.raises(QeebmError, match=message):
+            plan_for(EN_MN, *argv)
+
+
+def test_unsupported_backends_are_refused_at_start(monkeypatch, capsys, quiet_qeebm_logger):
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    assert main(EN_MN, ["--dry-run"]) == 2
+    assert "DeepSpeed is not supported" in capsys.readouterr().err
+    monkeypatch.delenv("ACCELERATE_USE_DEEPSPEED")
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    assert main(EN_MN, ["--dry-run"]) == 2
+    assert "FSDP is not supported" in capsys.readouterr().err
+
+
+def test_generic_recipe_rejects_unknown_and_unsupported_codes(tmp_path):
+    proc = run(["bash", str(RECIPES / "any-pair.sh"), "xyz_Latn", "--tiny", str(tmp_path)], timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "error: unknown language code 'xyz_Latn' (did you mean 'zul_Latn'?); use an NLLB-200 code such as eng_Latn or khk_Cyrl"]
+    # mBART-50 (the default model) lacks Hausa: langcodes' message, before any corpus question
+    proc = run(["bash", str(RECIPES / "any-pair.sh"), "hau_Latn"], timeout=60)
+    assert proc.returncode == 2 and "mBART-50 has no such language" in proc.stderr
+    proc = run(["bash", str(RECIPES / "any-pair.sh"), "hau_Latn", "--model", "nllb600m", "--corpus-lang", "ha",
+                "--dry-run"], timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "Helsinki-NLP/opus-100 [en-ha] en->ha" in proc.stdout and "model.tgt_lang: hau_Latn" in proc.stdout
+
+
+# ----------------------------------------------------------------------------------------------
+# Config files
+
+
+def test_real_configs_load_and_name_their_system():
+    files = sorted((RECIPES / "configs" / "real").glob("*.yaml"))
+    assert sorted(f.stem for f in files) == sorted(SYSTEMS)
+    for path in files:
+        cfg = load_config(path)
+        assert cfg.method == ("qe-ebm" if path.stem.startswith("qe-ebm") else path.stem)
+        assert "accelerate launch" in path.read_text(encoding="utf-8").split("\nmethod:")[0]
+
+
+def test_accelerate_configs_parse():
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    kinds = {path.stem: load_config_from_file(str(path)) for path in sorted((RECIPES / "accelerate").glob("*.yaml"))}
+    assert {k: str(v.distributed_type).split(".")[-1] for k, v in kinds.items()} == {
+        "single_gpu": "NO", "multi_gpu": "MULTI_GPU", "two_nodes": "MULTI_GPU", "deepspeed_zero2": "DEEPSPEED",
+        "fsdp": "FSDP"}
+    assert kinds["two_nodes"].num_machines == 2 and kinds["deepspeed_zero2"].deepspeed_config["zero_stage"] == 2
+    assert all(str(v.mixed_precision).split(".")[-1].lower() == "no" for v in kinds.values())
+
+
+def test_dry_run_metric_names_are_the_evaluation_defaults():
+    from qeebm.evaluate import DEFAULT_QE_MODELS
+
+    assert METRICS == DEFAULT_QE_MODELS
+
+
+# ----------------------------------------------------------------------------------------------
+# The data step
+
+
+def test_pairs_from_ted_and_translation_columns():
+    ted = [{"language": ["de", "en", "mn"], "translation": ["x", "It &apos;s  a\tcat", "Энэ муур"]},
+           {"language": ["en", "de"], "translation": ["only en", "nur de"]},
+           {"language": ["en", "mn"], "translation": ["__NULL__", "юу"]}]
+    assert pairs_from_rows(ted, ted_multi("mn")) == [("It 's a cat", "Энэ муур")]
+    rows = [{"en": "a", "zh": "甲"}, {"en": "", "zh": "乙"}, None]
+    assert pairs_from_rows(rows, iwslt2017("zh")) == [("a", "甲")]
+    assert opus100("mn").name == "en-mn" and opus100("az").name == "az-en"
+
+
+def test_split_train_caps_and_keeps_a_fifth_labelled():
+    pairs = [(f"s{i}", f"t{i}") for i in range(1000)]
+    labelled, mono = split_train(pairs, cap=500, labelled=0.2, seed=1)
+    assert (len(labelled), len(mono)) == (100, 400)
+    assert not set(labelled) & set(mono) and set(labelled) | set(mono) <= set(pairs)
+    assert split_train(pairs, cap=500, labelled=0.2, seed=1) == (labelled, mono)
+    assert split_train(pairs, cap=500, labelled=0.2, seed=2) != (labelled, mono)
+    held, rest = carve(pairs, 50, seed=3)
+    assert len(held) == 50 and len(rest) == 950 and not set(held) & set(rest)
+
+
+def test_prepare_writes_the_split_files(tmp_path, monkeypatch):
+    import datasets
+
+    def table(n, offset=0):
+        return datasets.Dataset.from_dict({"translation": [{"en": f"source {i}", "mn": f"зорилт {i}"}
+                                                           for i in range(offset, offset + n)]})
+
+    splits = {"train": table(300), "validation": None, "test": table(20, offset=1000)}
+    monkeypatch.setattr(data_prep, "hub_reachable", lambda timeout=3.0: True)
+    monkeypatch.setattr(data_prep, "_load_split", lambda corpus, split, out: splits[split])
+    out = data_prep.prepare(opus100("mn"), tmp_path / "data", tokenizer=None, src_code="eng_Latn",
+                            tgt_code="khk_Cyrl", cap=200, labelled=0.2, seed=1)
+    manifest = json.loads((out / "manifest.json").read_text())
+    # 30 dev pairs are carved out of train first (a tenth), then 200 of the rest are kept
+    assert manifest["counts"]["train"] == 40 and manifest["counts"]["mono"] == 160
+    assert manifest["counts"]["dev"] == 30 and manifest["counts"]["test"] == 20
+    assert manifest["settings"]["carved_from_train"] == ["dev"]
+    train = (out / "train.tsv").read_text().splitlines()
+    dev = (out / "dev.tsv").read_text().splitlines()
+    assert train[0] == "src\ttgt" and len(train) == 41 and len((out / "mono.txt").read_text().splitlines()) == 160
+    assert not {line.split("\t")[0] for line in train[1:]} & {line.split("\t")[0] for line in dev[1:]}
+    assert set(manifest["files"]) == {"train.tsv", "mono.txt", "mono_ref.tsv", "dev.tsv", "test.tsv"}
+    # A finished directory is left alone, even offline.
+    monkeypatch.setattr(data_prep, "hub_reachable", lambda timeout=3.0: False)
+    assert data_prep.prepare(opus100("mn"), out, tokenizer=None, src_code="eng_Latn", tgt_code="khk_Cyrl") == out
+
+
+def test_prepare_fails_fast_offline(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    start = time.monotonic()
+    with pytest.raises(QeebmError, match="not reachable here.*--tiny DIR"):
+        data_prep.prepare(ted_multi("mn"), tmp_path / "d", tokenizer="facebook/mbart-large-50",
+                          src_code="en_XX", tgt_code="mn_MN")
+    assert time.monotonic() - start < 5 and not (tmp_path / "d").exists()
+
+
+def test_corpus_description_names_repo_folder_and_revision():
+    corpus = HubCorpus("org/set", src_key="en", tgt_key="mn", data_dir="cfg", revision="refs/convert/parquet")
+    assert corpus.describe() == "org/set [cfg/, @refs/convert/parquet] en->mn"
+
+
+# ----------------------------------------------------------------------------------------------
+# Whole recipes on the tiny world
+
+
+def _reports(out: Path, model: str, systems) -> dict:
+    return {s: json.loads((out / "runs" / model / s / "seed231" / "eval" / "test.json").read_text()) for s in systems}
+
+
+@pytest.mark.slow
+def test_en_mn_runs_end_to_end_through_bash(micro_world, tmp_path):
+    out = tmp_path / "out"
+    start = time.monotonic()
+    proc = run(["bash", str(RECIPES / "en-mn.sh"), "--tiny", str(micro_world), "--steps", "2", "--seeds", "1",
+                "--out", str(out)])
+    elapsed = time.monotonic() - start
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "accelerate.commands.launch" in proc.stderr  # bash went through accelerate launch
+    reports = _reports(out, "mbart50", SYSTEMS)
+    for system, report in reports.items():
+        assert report["system"] == system and report["seed"] == 231
+        assert {"bleu", "chrf", "ter", "comet", "kiwi", "judge"} <= set(report["corpus"])
+        assert report["trained_on"] == (None if system == "sft" else "kiwi")
+        steps = [json.loads(line)["step"] for line in (out / "runs" / "mbart50" / system / "seed231" /
+                                                        "metrics.jsonl").read_text().splitlines()]
+        assert max(steps) == 2
+    config = yaml.safe_load((out / "runs" / "mbart50" / "qe-ebm-dynamic" / "seed231" / "config.yaml").read_text())
+    assert config["qe"]["mode"] == "dynamic" and config["qe"]["warmup_steps"] == 0
+    table = (out / "results" / "mbart50" / "comparison.md").read_text()
+    assert "baseline sft" in table and all(f"| {s} |" in table for s in SYSTEMS[1:])
+    assert "| system |" in proc.stdout
+    assert elapsed < 90, f"the tiny en-mn recipe took {elapsed:.0f} s"
+    # Running again finds every run done.
+    proc = run(["bash", str(RECIPES / "en-mn.sh"), "--tiny", str(micro_world), "--steps", "2", "--seeds", "1",
+                "--out", str(out), "--dry-run"], timeout=60)
+    assert proc.stdout.count("(done: final/ exists)") == 5
+
+
+@pytest.mark.slow
+def test_accelerate_launch_runs_the_recipe_file_as_typed(micro_world, tmp_path):
+    accelerate = Path(sys.executable).with_name("accelerate")
+    out = tmp_path / "out"
+    proc = run([str(accelerate), "launch", "--num_processes", "1", "--num_machines", "1", "--mixed_precision", "no",
+                "--dynamo_backend", "no", "recipes/en-mn.sh", "--tiny", str(micro_world), "--systems", "sft",
+                "--steps", "1", "--seeds", "1", "--out", str(out)], env={"ACCELERATE_USE_CPU": "true"})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    report = _reports(out, "mbart50", ["sft"])["sft"]
+    assert report["segments"]["hyp"] and (out / "results" / "mbart50" / "comparison.json").is_file()
+
+
+@pytest.mark.slow
+def test_another_recipe_runs_on_the_nllb_stand_in(micro_world, tmp_path):
+    out = tmp_path / "out"
+    proc = run(["bash", str(RECIPES / "en-de.sh"), "--tiny", str(micro_world), "--model", "nllb600m",
+                "--systems", "sft,reinforce", "--steps", "1", "--seeds", "1", "--out", str(out)])
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    reports = _reports(out, "nllb600m", ["sft", "reinforce"])
+    assert reports["reinforce"]["trained_on"] == "kiwi"
+    config = yaml.safe_load((out / "runs" / "nllb600m" / "reinforce" / "seed231" / "config.yaml").read_text())
+    assert config["model"]["name_or_path"].endswith("nllb-base")
+    assert config["guards"]["length_ratio_ranges"] == [["eng_Latn", "deu_Latn", 1.05, 1.36]]
