@@ -67,7 +67,7 @@ def cmd_score(args: argparse.Namespace) -> None:
 def cmd_demo(args: argparse.Namespace) -> None:
     from qeebm.demo import run_demo
 
-    run_demo(world_dir=args.world, runs_dir=args.runs, quick=args.quick)
+    run_demo(world_dir=args.world, runs_dir=args.runs, quick=args.quick, seeds=args.seeds, steps=args.steps)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -186,11 +186,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_score)
 
     p = sub.add_parser("demo", help="the main job on the tiny world: build it, train, evaluate, print",
-                       description="Build the tiny world if absent, train from its base translator, "
-                       "evaluate on its test set and print the results table.")
+                       description="Build the tiny world if absent, train SFT, REINFORCE, PPO, QE-EBM "
+                       "static and dynamic from its base translator with equal budgets, evaluate them on its test "
+                       "set (BLEU, chrF++, TER, tiny COMET, tiny Kiwi, held-out judge) and print the comparison.")
     p.add_argument("--world", default="data/tinyworld", help="tiny-world directory (built if absent)")
     p.add_argument("--runs", default="runs/demo", help="where the runs go")
-    p.add_argument("--quick", action="store_true", help="a smoke-sized run")
+    p.add_argument("--quick", action="store_true", help="a smoke-sized run on the micro world")
+    p.add_argument("--seeds", type=int, default=1, choices=[1, 2, 3], help="seeds per method (42, 231, 6)")
+    p.add_argument("--steps", type=int, help="optimiser steps per method (default 120; --quick: 4)")
     p.set_defaults(func=cmd_demo)
     return parser
 

@@ -28,6 +28,7 @@ log = logging.getLogger("qeebm.demo")
 
 CONFIGS = Path(__file__).resolve().parent.parent / "recipes" / "configs"
 # name -> recipe; the name is also the system's name in the table.
+SEEDS = (42, 231, 6)  # the published seeds, in the order they are used
 SYSTEMS = {
     "sft": "tiny_sft.yaml",
     "reinforce": "tiny_reinforce.yaml",
@@ -44,11 +45,12 @@ def budget(quick: bool) -> dict:
     return {"steps": 120, "batch_size": 16, "eval_examples": 0}
 
 
-def run_overrides(name: str, world: Path, run_dir: Path, b: dict) -> list[str]:
+def run_overrides(name: str, world: Path, run_dir: Path, b: dict, seed: int) -> list[str]:
     steps = b["steps"]
     # PPO's published minibatch is 4 rollouts, whatever the batch.
     ppo = [f"ppo.minibatches={max(b['batch_size'] // 4, 1)}"] if name == "ppo" else []
     return ppo + [
+        f"seed={seed}",
         f"model.name_or_path={world / 'nllb-base'}",
         f"data.train.path={world / 'data/train.tsv'}",
         f"data.dev.path={world / 'data/dev.tsv'}",
@@ -84,7 +86,8 @@ def _train_worker(name: str, recipe: str, overrides: list[str]) -> tuple[str, fl
     return name, time.perf_counter() - start
 
 
-def run_demo(world_dir: str = "data/tinyworld", runs_dir: str = "runs/demo", quick: bool = False) -> str:
+def run_demo(world_dir: str = "data/tinyworld", runs_dir: str = "runs/demo", quick: bool = False,
+             seeds: int = 1, steps: int | None = None) -> str:
     from qeebm.compare import run as compare
     from qeebm.config import ModelConfig
     from qeebm.evaluate import MetricSpec, evaluate_run, evaluate_system, write_eval
@@ -94,13 +97,15 @@ def run_demo(world_dir: str = "data/tinyworld", runs_dir: str = "runs/demo", qui
     world, runs = Path(world_dir), Path(runs_dir)
     if not is_built(world):
         build(world, size="micro" if quick else "default")
-    b = budget(quick)
+    b = budget(quick) | ({"steps": steps} if steps else {})
     timings: dict[str, float] = {}
+    run_dirs = {(name, seed): runs / (name if seeds == 1 else f"{name}-seed{seed}")
+                for seed in SEEDS[:seeds] for name in SYSTEMS}
 
     # 2. Training, two runs at a time.
     with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = [pool.submit(_train_worker, name, recipe, run_overrides(name, world, runs / name, b))
-                   for name, recipe in SYSTEMS.items()]
+        futures = [pool.submit(_train_worker, f"{name}/{seed}", SYSTEMS[name], run_overrides(name, world, d, b, seed))
+                   for (name, seed), d in run_dirs.items()]
         for future in futures:
             name, seconds = future.result()
             timings[f"train/{name}"] = seconds
@@ -113,17 +118,17 @@ def run_demo(world_dir: str = "data/tinyworld", runs_dir: str = "runs/demo", qui
     report = evaluate_system(base, world / "data/test.tsv", spec, system="base", model=str(world / "nllb-base"))
     write_eval(report, runs / "base")
     del base
-    for name in SYSTEMS:
-        evaluate_run(runs / name, metrics=spec, system=name)
+    for (name, _), run_dir in run_dirs.items():
+        evaluate_run(run_dir, metrics=spec, system=name)
     timings["evaluate"] = time.perf_counter() - t
 
-    # 4. The table.
-    table = compare([str(runs / "base")] + [str(runs / n) for n in SYSTEMS], baseline="base",
+    # 4. The table (seeds of one system are grouped by its name).
+    table = compare([str(runs / "base")] + [str(d) for d in run_dirs.values()], baseline="base",
                     out=runs / "comparison", plots=True)
     timings["total"] = time.perf_counter() - start
     (runs / "timings.json").write_text(json.dumps(timings, indent=2) + "\n")
     print(f"\nTiny world, test set, {b['steps']} steps of each method from the same base "
-          f"(batch {b['batch_size']}); beam 5:\n")
+          f"(batch {b['batch_size']}, {seeds} seed(s)); beam 5:\n")
     print(table)
     print(f"\ntables and plots: {runs / 'comparison'}; total time {timings['total']:.0f} s")
     return table
