@@ -131,3 +131,41 @@ def toy_quality_triples(n: int, seed: int = 0) -> list[tuple[str, str, str, floa
         mt = " ".join(hyp)
         out.append((src, mt, ref, chrf.sentence_score(mt, [ref]).score / 100))
     return out
+
+
+@functools.lru_cache(maxsize=None)
+def world_pairs(n: int = 1200, seed: int = 0):
+    from qeebm.tinyworld.language import generate_pairs
+
+    return generate_pairs(n, seed)
+
+
+@functools.lru_cache(maxsize=None)
+def world_tokenizer_dir() -> Path:
+    """An XLM-R-style tokenizer over the tiny-world language pair (both sides)."""
+    from qeebm.tinyworld.tokenizers import build_xlmr_tokenizer, train_sentencepiece
+
+    texts = [t for p in world_pairs() for t in (p.src, p.tgt)]
+    sp = train_sentencepiece(texts, root() / "sp-world" / "sp.model", vocab_size=1000, seed=0)
+    out = root() / "xlmr_world_tok"
+    build_xlmr_tokenizer(sp, out)
+    return out
+
+
+def world_quality_triples(pairs, seed: int = 0, per_source: int = 3):
+    """(src, mt, ref, chrF++/100) from the tiny-world language: corrupted references plus, for
+    some sources, the reference itself (the build adds base-translator outputs on top)."""
+    from sacrebleu.metrics import CHRF
+
+    from qeebm.tinyworld.language import CORRUPTIONS, corrupt
+
+    chrf = CHRF(word_order=2)
+    rng = random.Random(seed)
+    out = []
+    for p in pairs:
+        mts = [corrupt(p, rng.choice(CORRUPTIONS), rng) for _ in range(per_source)]
+        if rng.random() < 0.3:
+            mts.append(p.tgt)
+        for mt in dict.fromkeys(mts):
+            out.append((p.src, mt, p.tgt, chrf.sentence_score(mt, [p.tgt]).score / 100))
+    return out

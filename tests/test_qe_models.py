@@ -8,6 +8,14 @@ import yaml
 from qe_helpers import fresh, load_tiny, model_dir, predict, toy_triples
 from qeebm.errors import QeebmError
 from qeebm.qe.models import load_qe, qe_kind, save_qe
+from qeebm.qe.train import torch_threads
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    # Tiny models: one thread is as fast, and two collapse when other jobs share the cores.
+    with torch_threads(1):
+        yield
 
 
 @pytest.mark.parametrize("kind", ["kiwi", "comet", "xcomet"])
@@ -99,3 +107,18 @@ def test_missing_encoder_dir_is_named(tmp_path):
 def test_fresh_is_independent_of_shared():
     a, b = fresh("kiwi"), load_tiny("kiwi")
     assert a is not b
+
+
+def test_saving_twice_gives_identical_bytes(tmp_path):
+    import zipfile
+
+    model = load_tiny("kiwi")
+    ckpt = tmp_path / "m" / "checkpoints" / "model.ckpt"
+    save_qe(model, tmp_path / "m")
+    first = ckpt.read_bytes()
+    save_qe(model, tmp_path / "m")  # torch alone would write a fresh random serialization id
+    assert ckpt.read_bytes() == first
+    with zipfile.ZipFile(ckpt) as zf:
+        assert zf.testzip() is None  # CRCs still right
+    state = torch.load(ckpt, weights_only=True)["state_dict"]
+    assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())

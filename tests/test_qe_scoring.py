@@ -3,10 +3,19 @@ import logging
 import random
 
 import pytest
+import torch
 
 from qe_helpers import load_tiny, model_dir, predict, sentence, toy_triples
 from qeebm.errors import QeebmError
 from qeebm.qe.scoring import QEScorer, read_segments, score_file
+from qeebm.qe.train import torch_threads
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    # Tiny models: one thread is as fast, and two collapse when other jobs share the cores.
+    with torch_threads(1):
+        yield
 
 
 def _inputs(n=40, seed=0):
@@ -17,6 +26,7 @@ def _inputs(n=40, seed=0):
     src[1] = " ".join(sentence(rng, 12, 12) for _ in range(40))
     mt[2] = ""
     mt[3] = " ".join(sentence(rng, 12, 12) for _ in range(40))
+    mt[4] = mt[4] + " <pad> ka"  # comet drops a literal <pad> token when it concatenates segments
     dup = [0, 5, 5, 7, 0]
     return src + [src[i] for i in dup], mt + [mt[i] for i in dup], ref + [ref[i] for i in dup], len(dup)
 
@@ -46,6 +56,15 @@ def test_truncation_matches_comet():
     # the over-long pair scores like its truncation: same score whatever follows position 256
     longer = QEScorer(model).score([src[1] + " ka to mi"], [mt[1]])
     assert abs(longer[0] - QEScorer(model).score([src[1]], [mt[1]])[0]) < 1e-6
+
+
+def test_fast_kiwi_path_equals_comets_own_batching():
+    scorer = QEScorer(load_tiny("kiwi"), cache=False)
+    src, mt, _, _ = _inputs()
+    items = [(s, m, None) for s, m in zip(src, mt)]
+    with torch.inference_mode():
+        fast, generic = scorer._score_kiwi(items), scorer._score_unified(items)
+    assert max(abs(a - b) for a, b in zip(fast, generic)) < 1e-6
 
 
 def test_xcomet_without_reference_matches_predict():

@@ -122,6 +122,8 @@ def _resolve_checkpoint(name_or_path: str) -> tuple[Path, bool]:
         return ckpt.resolve(), False
     if name_or_path.count("/") != 1 or name_or_path.startswith((".", "/", "~")):
         raise QeebmError(f"QE model '{name_or_path}' is neither a local path nor a hub id (org/name)")
+    # What comet.download_model does for hub-hosted models (all the supported ones), without its
+    # fallback to legacy download URLs, which would hang offline, and without importing comet.
     offline = _hub_offline()
     snap = _snapshot(name_or_path, offline=True)
     if snap is None and not offline:
@@ -228,5 +230,59 @@ def save_qe(model, out_dir: str | Path) -> Path:
     state = {k: v.detach().clone().cpu() for k, v in model.state_dict().items()}
     torch.save({"state_dict": state, "hyper_parameters": hparams,
                 "pytorch-lightning_version": pl.__version__}, out / CHECKPOINT)
+    _pin_serialization_id(out / CHECKPOINT)
     (out / "hparams.yaml").write_text(yaml.safe_dump(hparams, sort_keys=True))
     return out
+
+
+def _pin_serialization_id(path: Path) -> None:
+    """Make torch.save's output a function of its content alone.
+
+    torch's zip checkpoints carry `.data/serialization_id`, 40 digits partly drawn at random on
+    every save, so the same weights saved twice differ in bytes (and in a build manifest's hash).
+    torch.load only reports the id, so it is replaced in place by digits derived from the tensor
+    records (not data.pkl, which holds the machine-specific encoder path); the entry's CRC-32 is
+    updated where the zip records it (local header or data descriptor, and the central directory),
+    keeping the archive valid and its layout unchanged.
+    """
+    import hashlib
+    import io
+    import struct
+    import zipfile
+    import zlib
+
+    raw = bytearray(path.read_bytes())
+    with zipfile.ZipFile(io.BytesIO(raw)) as zf:
+        info = next((i for i in zf.infolist() if i.filename.endswith(".data/serialization_id")), None)
+        if info is None:
+            return
+        old = zf.read(info)
+        central = zf.start_dir
+        digest = hashlib.sha256()
+        for other in zf.infolist():
+            if other is not info and not other.filename.endswith("/data.pkl"):
+                digest.update(other.filename.encode() + b"\0" + zf.read(other))
+    name_len, extra_len = struct.unpack_from("<HH", raw, info.header_offset + 26)
+    at = info.header_offset + 30 + name_len + extra_len
+    if bytes(raw[at:at + len(old)]) != old:
+        return  # an unexpected layout: leave the file as torch wrote it
+    new = str(int.from_bytes(digest.digest(), "big") % 10 ** len(old)).zfill(len(old)).encode()
+    raw[at:at + len(old)] = new
+    old_crc, new_crc = zlib.crc32(old), zlib.crc32(new)
+
+    def swap_crc(offset: int) -> None:
+        if struct.unpack_from("<I", raw, offset)[0] == old_crc:
+            struct.pack_into("<I", raw, offset, new_crc)
+
+    swap_crc(info.header_offset + 14)  # local header (0 when a data descriptor follows)
+    desc = at + len(old)
+    swap_crc(desc + 4 if raw[desc:desc + 4] == b"PK\x07\x08" else desc)  # data descriptor
+    name = info.filename.encode()
+    pos = central
+    while raw[pos:pos + 4] == b"PK\x01\x02":  # central directory records
+        n, e, c = struct.unpack_from("<HHH", raw, pos + 28)
+        if raw[pos + 46:pos + 46 + n] == name:
+            swap_crc(pos + 16)
+            break
+        pos += 46 + n + e + c
+    path.write_bytes(bytes(raw))

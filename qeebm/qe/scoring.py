@@ -1,12 +1,17 @@
 """Fast segment scoring with a COMET-family model, equal to `model.predict(..., gpus=0)`.
 
-`predict` builds a Lightning Trainer on every call (seconds of overhead) and batches by source
-length only. `QEScorer` runs the same comet pieces (`prepare_sample(stage="predict")`, then
-`predict_step`, which is what Lightning calls) in a plain `torch.inference_mode` loop over batches
-sorted by total text length, and scores every distinct (src, mt[, ref]) once: the K samples of one
-source often repeat. For reference-based COMET (RegressionMetric) each distinct sentence is encoded
-once and the estimator is run on the gathered embeddings, because src and ref are shared by all K
-samples of a source and COMET encodes the three segments independently.
+`predict` builds a Lightning Trainer on every call and batches by source length only. `QEScorer`
+runs the same computation in a plain `torch.inference_mode` loop over length-sorted batches and
+scores every distinct (src, mt[, ref]) once (the K samples of one source often repeat):
+
+* CometKiwi: each distinct text is tokenised once, `<s> mt </s></s> src </s>` is assembled and
+  truncated as comet's `concat_sequences` does, and `model.forward` gives the score;
+* XCOMET and any other UnifiedMetric: comet's own `prepare_sample(stage="predict")` and
+  `predict_step` (what Lightning calls inside predict: the three input combos, the error-span MQM
+  term and the clipping are all comet's);
+* reference-based COMET (RegressionMetric) encodes src, mt and ref independently, so each distinct
+  sentence is encoded once (src and ref are shared by the K samples of a source) and the estimator
+  runs on the gathered sentence embeddings.
 """
 
 from __future__ import annotations
@@ -116,9 +121,59 @@ class QEScorer:
         with _EvalMode(self.model):
             if self.kind == "comet":
                 return self._score_regression(items)
+            if self._plain_kiwi():
+                return self._score_kiwi(items)
             return self._score_unified(items)
 
+    def _plain_kiwi(self) -> bool:
+        enc = self.model.encoder
+        return (self.kind == "kiwi" and not self.model.word_level and enc.size_separator == 2
+                and not enc.uses_token_type_ids)
+
+    def _token_ids(self, texts: list[str]) -> dict[str, list[int]]:
+        """Each distinct text tokenised once, as comet's encoder.prepare_sample does it (with
+        <s> ... </s>, truncated to max_positions - 2), as plain lists."""
+        enc = self.model.encoder
+        unique = list(dict.fromkeys(texts))
+        ids = enc.tokenizer(unique, truncation=True, max_length=enc.max_positions - 2)["input_ids"]
+        return dict(zip(unique, ids))
+
+    def _padded(self, rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        pad = self.model.encoder.tokenizer.pad_token_id
+        lengths = torch.tensor([len(r) for r in rows])
+        width = int(lengths.max())
+        ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows])
+        # a bool mask built like comet's concat_sequences, so the numbers match bit for bit
+        mask = torch.arange(width)[None, :] < lengths[:, None]
+        return ids.to(self.model.device), mask.to(self.model.device)
+
+    def _score_kiwi(self, items: list[tuple]) -> list[float]:
+        """CometKiwi without comet's per-batch tokenisation: every distinct text is tokenised
+        once (K samples share a source), then each `<s> mt </s></s> src </s>` is assembled and
+        truncated exactly as comet's XLM-R `concat_sequences` does."""
+        enc = self.model.encoder
+        cls, sep, pad = enc.tokenizer.cls_token_id, enc.tokenizer.sep_token_id, enc.tokenizer.pad_token_id
+        limit = enc.max_positions
+        special = 1 + 2 * enc.size_separator  # comet's count for two segments
+        table = self._token_ids([t for s, m, _ in items for t in (s, m)])
+        rows = []
+        for s, m, _ in items:
+            # comet strips pad ids (and the <s> </s> of each segment) before concatenating
+            a = [t for t in table[m][1:-1] if t != pad]
+            b = [t for t in table[s][1:-1] if t != pad]
+            row = [cls, *a, sep, sep, *b, sep]
+            rows.append(row[:limit] if len(a) + len(b) > limit - special else row)
+        scores = [0.0] * len(items)
+        for idx in self._batches(rows, len):
+            ids, mask = self._padded([rows[i] for i in idx])
+            out = self.model.forward(input_ids=ids, attention_mask=mask).score
+            for i, v in zip(idx, out.float().tolist()):
+                scores[i] = v
+        return scores
+
     def _score_unified(self, items: list[tuple]) -> list[float]:
+        """Any UnifiedMetric (XCOMET's word tags and three input combos included): comet's own
+        prepare_sample and predict_step, which is what Lightning runs inside predict()."""
         model, device = self.model, self.model.device
         scores = [0.0] * len(items)
         for idx in self._batches(items, lambda t: len(t[0]) + len(t[1]) + len(t[2] or "")):
@@ -133,13 +188,16 @@ class QEScorer:
         return scores
 
     def _score_regression(self, items: list[tuple]) -> list[float]:
+        """Reference-based COMET: src, mt and ref are encoded independently, so each distinct
+        sentence is encoded once and the estimator runs on the gathered sentence embeddings."""
         model, device = self.model, self.model.device
-        texts = list(dict.fromkeys(t for item in items for t in item))
+        table = self._token_ids([t for item in items for t in item])
+        texts = list(table)
         row = {t: i for i, t in enumerate(texts)}
         emb = None
-        for idx in self._batches(texts, len):
-            enc = _to(model.encoder.prepare_sample([texts[i] for i in idx]), device)
-            e = model.get_sentence_embedding(enc["input_ids"], enc["attention_mask"])
+        for idx in self._batches(texts, lambda t: len(table[t])):
+            ids, mask = self._padded([table[texts[i]] for i in idx])
+            e = model.get_sentence_embedding(ids, mask.long())
             if emb is None:
                 emb = torch.empty(len(texts), e.shape[-1], dtype=e.dtype, device=device)
             emb[torch.tensor(idx, device=device)] = e

@@ -99,16 +99,35 @@ def _tokenize(model, data: list[dict], chunk: int = 512) -> list[list[torch.Tens
     return rows
 
 
-def _batches(rows, batch_size: int, gen: torch.Generator) -> list[list[int]]:
+def _batches(rows, batch_size: int, gen: torch.Generator, groups: list[int] | None = None) -> list[list[int]]:
     """Shuffled batches of similar length: shuffle, sort within windows of 32 batches, shuffle the
-    batches (less padding, still a random order every epoch)."""
-    order = torch.randperm(len(rows), generator=gen).tolist()
+    batches (less padding, still a random order every epoch).
+
+    groups (reference-based COMET): the rows of one group (same src and ref) are shuffled as a
+    block and kept adjacent, so a batch holds several candidates of few sources and `_loss` can
+    encode each src and ref once.
+    """
+    if groups is None:
+        order = torch.randperm(len(rows), generator=gen).tolist()
+        key = lambda i: sum(len(r) for r in rows[i])  # noqa: E731
+    else:
+        members: dict[int, list[int]] = {}
+        for i, g in enumerate(groups):
+            members.setdefault(g, []).append(i)
+        blocks = list(members.values())
+        order = [i for b in torch.randperm(len(blocks), generator=gen).tolist() for i in blocks[b]]
+        key = lambda i: (len(rows[i][0]) + len(rows[i][2]), groups[i], len(rows[i][1]))  # noqa: E731
     window = 32 * batch_size
     batches = []
     for start in range(0, len(order), window):
-        part = sorted(order[start:start + window], key=lambda i: sum(len(r) for r in rows[i]))
+        part = sorted(order[start:start + window], key=key)
         batches += [part[j:j + batch_size] for j in range(0, len(part), batch_size)]
     return [batches[i] for i in torch.randperm(len(batches), generator=gen).tolist()]
+
+
+def _source_groups(rows) -> list[int]:
+    ids: dict[tuple, int] = {}
+    return [ids.setdefault((tuple(r[0].tolist()), tuple(r[2].tolist())), len(ids)) for r in rows]
 
 
 def _pad(seqs: list[torch.Tensor], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -118,15 +137,30 @@ def _pad(seqs: list[torch.Tensor], pad_id: int, device) -> tuple[torch.Tensor, t
     return ids.to(device), mask.to(device)
 
 
+def _embed_unique(model, seqs: list[torch.Tensor], pad: int, device) -> torch.Tensor:
+    """Sentence embeddings [B, H] of seqs, each distinct sequence encoded once (a batch holds
+    several candidates of the same source and reference)."""
+    index: dict[tuple, int] = {}
+    where = [index.setdefault(tuple(x.tolist()), len(index)) for x in seqs]
+    unique = [None] * len(index)
+    for x, k in zip(seqs, where):
+        unique[k] = x
+    ids, mask = _pad(unique, pad, device)
+    return model.get_sentence_embedding(ids, mask)[torch.tensor(where, device=device)]
+
+
 def _loss(model, rows: list[list[torch.Tensor]], y: torch.Tensor) -> torch.Tensor:
     pad, device = model.encoder.tokenizer.pad_token_id, model.device
     y = y.to(device)
-    cols = [_pad([r[j] for r in rows], pad, device) for j in range(len(rows[0]))]
     if qe_kind(model) == "comet":
-        (s, sm), (m, mm), (r, rm) = cols
-        pred = model.forward(src_input_ids=s, src_attention_mask=sm, mt_input_ids=m,
-                             mt_attention_mask=mm, ref_input_ids=r, ref_attention_mask=rm)
+        # RegressionMetric.forward, with src and ref encoded once per distinct sentence
+        src, mt, ref = ([r[j] for r in rows] for j in range(3))
+        m_ids, m_mask = _pad(mt, pad, device)
+        pred = model.estimate(_embed_unique(model, src, pad, device),
+                              model.get_sentence_embedding(m_ids, m_mask),
+                              _embed_unique(model, ref, pad, device))
         return torch.nn.functional.mse_loss(pred.score, y)
+    cols = [_pad([r[j] for r in rows], pad, device) for j in range(len(rows[0]))]
     # comet's UnifiedMetric.training_step: the MSE of every input combo, summed
     return sum(torch.nn.functional.mse_loss(model.forward(input_ids=i, attention_mask=m).score, y)
                for i, m in cols)
@@ -136,7 +170,8 @@ def train_qe(model, src: list[str], mt: list[str], scores: list[float], *, ref: 
              mode: str = "head", epochs: int = 1, lr: float = 1e-4, encoder_lr: float | None = None,
              batch_size: int = 16, seed: int = 0, lora_r: int = 8, lora_targets=("query", "value"),
              max_grad_norm: float | None = 1.0, weight_decay: float = 0.0,
-             num_threads: int | None = None, train_embeddings: bool | None = None):
+             num_threads: int | None = None, train_embeddings: bool | None = None,
+             schedule: str = "constant", warmup: float = 0.05):
     """Fit `model` to `scores` in place (MSE, AdamW); returns it in eval mode.
 
     num_threads: torch intra-op threads for this call only (restored after). Small models train
@@ -144,7 +179,11 @@ def train_qe(model, src: list[str], mt: list[str], scores: list[float], *, ref: 
     train_embeddings: in "full" mode, also train the encoder's embeddings (default: not if the
     hparams say keep_embeddings_frozen). Encoders trained from scratch need it: frozen random
     embeddings cannot learn which pieces mean the same thing.
+    schedule: "constant" (comet's default when warmup_steps is 0) or "linear": a linear warm-up over
+    the first `warmup` fraction of the steps, then a linear decay to zero.
     """
+    if schedule not in ("constant", "linear"):
+        raise QeebmError(f"unknown schedule {schedule!r}: expected 'constant' or 'linear'")
     if mode not in MODES:
         raise QeebmError(f"unknown QE training mode {mode!r}: expected one of {MODES}")
     if not (len(src) == len(mt) == len(scores)) or (ref is not None and len(ref) != len(mt)):
@@ -172,7 +211,19 @@ def train_qe(model, src: list[str], mt: list[str], scores: list[float], *, ref: 
 
     rows = _tokenize(model, _samples(src, mt, ref, scores))
     targets = torch.tensor([float(v) for v in scores])
+    same_source = _source_groups(rows) if kind == "comet" else None
     opt = torch.optim.AdamW(groups, lr=lr, weight_decay=weight_decay)
+    total_steps = epochs * -(-len(rows) // batch_size)
+    warm = max(1, int(warmup * total_steps))
+
+    def factor(step: int) -> float:  # step counts from 0
+        if schedule == "constant":
+            return 1.0
+        if step < warm:
+            return (step + 1) / warm
+        return max(0.0, (total_steps - step) / max(1, total_steps - warm))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
     gen = torch.Generator().manual_seed(seed)
     start = time.perf_counter()
     try:
@@ -182,13 +233,14 @@ def train_qe(model, src: list[str], mt: list[str], scores: list[float], *, ref: 
             model.train()
             for epoch in range(epochs):
                 total = 0.0
-                for batch in _batches(rows, batch_size, gen):
+                for batch in _batches(rows, batch_size, gen, same_source):
                     loss = _loss(model, [rows[i] for i in batch], targets[batch])
                     opt.zero_grad(set_to_none=True)
                     loss.backward()
                     if max_grad_norm:
                         torch.nn.utils.clip_grad_norm_(trainable, max_grad_norm)
                     opt.step()
+                    sched.step()
                     total += loss.item() * len(batch)
                 log.info("train_qe %s epoch %d/%d: mse %.5f (%.1fs)", mode, epoch + 1, epochs,
                          total / len(rows), time.perf_counter() - start)
