@@ -189,7 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Build the tiny world if absent, train SFT, REINFORCE, PPO, QE-EBM "
                        "static and dynamic from its base translator with equal budgets, evaluate them on its test "
                        "set (BLEU, chrF++, TER, tiny COMET, tiny Kiwi, held-out judge) and print the comparison.")
-    p.add_argument("--world", default="data/tinyworld", help="tiny-world directory (built if absent)")
+    p.add_argument("--world", help="tiny-world directory, built if absent (default data/tinyworld; "
+                   "with --quick data/tinyworld-micro)")
     p.add_argument("--runs", default="runs/demo", help="where the runs go")
     p.add_argument("--quick", action="store_true", help="a smoke-sized run on the micro world")
     p.add_argument("--seeds", type=int, default=1, choices=[1, 2, 3], help="seeds per method (42, 231, 6)")

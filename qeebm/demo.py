@@ -86,7 +86,7 @@ def _train_worker(name: str, recipe: str, overrides: list[str]) -> tuple[str, fl
     return name, time.perf_counter() - start
 
 
-def run_demo(world_dir: str = "data/tinyworld", runs_dir: str = "runs/demo", quick: bool = False,
+def run_demo(world_dir: str | None = None, runs_dir: str = "runs/demo", quick: bool = False,
              seeds: int = 1, steps: int | None = None) -> str:
     from qeebm.compare import run as compare
     from qeebm.config import ModelConfig
@@ -94,7 +94,8 @@ def run_demo(world_dir: str = "data/tinyworld", runs_dir: str = "runs/demo", qui
     from qeebm.translator import Translator
 
     start = time.perf_counter()
-    world, runs = Path(world_dir), Path(runs_dir)
+    world = Path(world_dir or ("data/tinyworld-micro" if quick else "data/tinyworld"))
+    runs = Path(runs_dir)
     if not is_built(world):
         build(world, size="micro" if quick else "default")
     b = budget(quick) | ({"steps": steps} if steps else {})
