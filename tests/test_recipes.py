@@ -320,3 +320,16 @@ def test_another_recipe_runs_on_the_nllb_stand_in(micro_world, tmp_path):
     config = yaml.safe_load((out / "runs" / "nllb600m" / "reinforce" / "seed231" / "config.yaml").read_text())
     assert config["model"]["name_or_path"].endswith("nllb-base")
     assert config["guards"]["length_ratio_ranges"] == [["eng_Latn", "deu_Latn", 1.05, 1.36]]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pair", ["en-az", "en-ka", "en-mr", "en-bn", "en-zh", "any-pair"])
+def test_every_other_recipe_runs_end_to_end_on_the_tiny_world(pair, micro_world, tmp_path):
+    # The recipes differ only in what they declare (pair, corpus, guards); one system per file is
+    # enough to run each declaration through data, training, evaluation and comparison.
+    out = tmp_path / "out"
+    code = ["kat_Geor"] if pair == "any-pair" else []
+    proc = run(["bash", str(RECIPES / f"{pair}.sh"), *code, "--tiny", str(micro_world), "--systems", "sft",
+                "--steps", "1", "--seeds", "1", "--out", str(out)])
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert _reports(out, "mbart50", ["sft"])["sft"]["segments"]["hyp"]
