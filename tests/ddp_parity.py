@@ -53,6 +53,20 @@ def write_tiny_world(root: Path) -> Path:
     return path
 
 
+
+def write_tiny_world_with_mono(root: Path) -> Path:
+    """``write_tiny_world`` plus a 32-sentence source-only pool (``data.mono``), for the methods that sample."""
+    from helpers import tiny_texts
+
+    from qeebm.data import write_lines
+
+    path = write_tiny_world(root)
+    write_lines(Path(root) / "mono.txt", tiny_texts(64, seed=5)[0::2])
+    values = yaml.safe_load(path.read_text(encoding="utf-8"))
+    values["data"]["mono"] = {"path": str(Path(root) / "mono.txt")}
+    path.write_text(yaml.safe_dump(values), encoding="utf-8")
+    return path
+
 def make_config(base: Path, run_dir: Path, *overrides: str) -> Config:
     return load_config(base, [f"output.run_dir={run_dir}", *overrides])
 

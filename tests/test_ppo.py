@@ -9,16 +9,14 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 from accelerate.utils import set_seed
 from transformers import AutoModelForSeq2SeqLM
 
-from ddp_parity import final_weights, make_config, read_metrics, write_tiny_world
+from ddp_parity import final_weights, make_config, read_metrics, write_tiny_world_with_mono
 from helpers import tiny_texts, tiny_translator_dir
 from qeebm import rl
 from qeebm.checkpoint import latest_checkpoint, step_dir
 from qeebm.config import PPOConfig, load_config
-from qeebm.data import write_lines
 from qeebm.loop import train
 from qeebm.methods import reinforce
 from qeebm.methods.base import Batch
@@ -31,13 +29,7 @@ FAST = ("method=ppo", "ppo.max_new_tokens=8", "ppo.minibatches=2", "optim.max_st
 @pytest.fixture(scope="module")
 def base(tmp_path_factory) -> Path:
     """The loop tests' tiny world plus a source-only pool."""
-    root = tmp_path_factory.mktemp("world")
-    path = write_tiny_world(root)
-    write_lines(root / "mono.txt", tiny_texts(64, seed=5)[0::2])
-    values = yaml.safe_load(path.read_text(encoding="utf-8"))
-    values["data"]["mono"] = {"path": str(root / "mono.txt")}
-    path.write_text(yaml.safe_dump(values), encoding="utf-8")
-    return path
+    return write_tiny_world_with_mono(tmp_path_factory.mktemp("world"))
 
 
 class LengthScorer:

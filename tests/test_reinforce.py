@@ -8,13 +8,11 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 from transformers import AutoModelForSeq2SeqLM
 
-from ddp_parity import make_config, read_metrics, write_tiny_world
+from ddp_parity import make_config, read_metrics, write_tiny_world_with_mono
 from helpers import tiny_texts, tiny_translator_dir
 from qeebm.checkpoint import latest_checkpoint
-from qeebm.data import write_lines
 from qeebm.loop import train
 from qeebm.methods import reinforce
 from qeebm.methods.reinforce import Reinforce, ReinforceRollout
@@ -28,13 +26,7 @@ FAST = ("reinforce.max_new_tokens=8", "reinforce.num_samples=2", "optim.max_step
 @pytest.fixture(scope="module")
 def base(tmp_path_factory) -> Path:
     """The loop tests' tiny world plus a source-only pool."""
-    root = tmp_path_factory.mktemp("world")
-    path = write_tiny_world(root)
-    write_lines(root / "mono.txt", tiny_texts(64, seed=5)[0::2])
-    values = yaml.safe_load(path.read_text(encoding="utf-8"))
-    values["data"]["mono"] = {"path": str(root / "mono.txt")}
-    path.write_text(yaml.safe_dump(values), encoding="utf-8")
-    return path
+    return write_tiny_world_with_mono(tmp_path_factory.mktemp("world"))
 
 
 class ToyScorer:
