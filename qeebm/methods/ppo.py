@@ -36,7 +36,8 @@ from qeebm.config import Config
 from qeebm.errors import QeebmError
 from qeebm.guards import GuardResult, hit_rates
 from qeebm.methods.base import Batch, StepOutput
-from qeebm.methods.reinforce import QEReward, Samples, check_static_qe, mono_sources, sample, sampling_config
+from qeebm.methods.reinforce import QEReward, check_static_qe
+from qeebm.methods.sampling import Samples, mono_sources, sample, sampling_config
 from qeebm.methods.sft import SFT
 from qeebm.rl import (
     AdaptiveKLController,

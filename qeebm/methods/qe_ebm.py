@@ -36,9 +36,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from qeebm.config import Config, GenerationConfig, QEConfig, QeEbmConfig
+from qeebm.config import Config, QEConfig, QeEbmConfig
 from qeebm.errors import QeebmError
 from qeebm.methods.base import Batch, StepOutput
+from qeebm.methods.sampling import sample, sampling_config
 
 log = logging.getLogger(__name__)
 
@@ -102,8 +103,7 @@ class QeEbm:
         self.label_smoothing = cfg.optim.label_smoothing
         self.k = self.c.num_samples
         # top_k 0 / top_p 1 / temperature 1: pure ancestral sampling, as the reference code sampled.
-        self.gen = GenerationConfig(num_beams=1, do_sample=True, max_new_tokens=self.c.max_new_tokens,
-                                    temperature=self.c.temperature, top_k=self.c.top_k, top_p=self.c.top_p)
+        self.gen = sampling_config(self.c)
         self.dynamic = self.q.mode == "dynamic"
         self.energy = load_energy(self.q.path, translator, freeze=not self.dynamic)
         self.qe = self.energy.qe
@@ -143,14 +143,10 @@ class QeEbm:
             raise QeebmError("method 'qe-ebm' got no source-only sentences (data.mono)")
         tr, k = self.translator, self.k
         alpha, beta = schedule(batch.step, self.c)
-        enc = {key: v.to(tr.device) for key, v in tr.encode(batch.mono).items()}
-        seqs = tr.generate_ids(enc["input_ids"], enc["attention_mask"], self.gen, num_return_sequences=k)  # [M*K, T+1]
-        # generate_ids puts the K samples of a source on adjacent rows; the sources follow suit.
-        input_ids = enc["input_ids"].repeat_interleave(k, 0)  # [M*K, S]
-        attention_mask = enc["attention_mask"].repeat_interleave(k, 0)
-        tf = tr.teacher_forcing(seqs)
-        mt_ids, mt_mask = seqs[:, 1:], tf["labels"] != -100  # [M*K, T]
-        src = [s for s in batch.mono for _ in range(k)]
+        drawn = sample(tr, batch.mono, k, self.gen)  # M*K rows, the K samples of a source adjacent
+        # The QE reads every emitted token up to the first </s>, the forced language code included.
+        mt_ids, mt_mask = drawn.tokens, tr.teacher_forcing(drawn.sequences)["labels"] != -100  # [M*K, T]
+        src = drawn.src
         texts = self.texts(mt_ids, mt_mask)
         norm = batch.global_mono * k
         share = len(batch.src) / batch.global_examples  # this micro-batch's share of the step
@@ -164,8 +160,8 @@ class QeEbm:
         if self.c.relaxation != "st":
             # Only the straight-through forward value is the exact score of the emitted text.
             stats["qe-ebm/sample_score"] = self.energy.score_ids(src, mt_ids, mt_mask).sum().item() / norm
-        return QeEbmRollout(batch=batch, src=src, input_ids=input_ids, attention_mask=attention_mask,
-                            decoder_input_ids=tf["decoder_input_ids"], mt_ids=mt_ids, mt_mask=mt_mask,
+        return QeEbmRollout(batch=batch, src=src, input_ids=drawn.input_ids, attention_mask=drawn.attention_mask,
+                            decoder_input_ids=drawn.decoder_input_ids, mt_ids=mt_ids, mt_mask=mt_mask,
                             alpha=alpha, beta=beta, normaliser=norm, stats=stats)
 
     def loss(self, r: QeEbmRollout) -> StepOutput:
@@ -225,15 +221,14 @@ class QeEbm:
             raise QeebmError("qe.mode=dynamic trains the QE on references; the training corpus has none")
         tr, k, n = self.translator, self.k, len(batch.src)
         with torch.no_grad():
-            seqs = tr.generate_ids(batch.input_ids, batch.attention_mask, self.gen, num_return_sequences=k)  # [N*K, T+1]
-            input_ids = batch.input_ids.repeat_interleave(k, 0)  # [N*K, S]
-            attention_mask = batch.attention_mask.repeat_interleave(k, 0)
-            tf = tr.teacher_forcing(seqs)
-            samples = self.texts(seqs[:, 1:], tf["labels"] != -100)
+            drawn = sample(tr, batch.src, k, self.gen,
+                           enc={"input_ids": batch.input_ids, "attention_mask": batch.attention_mask})  # N*K rows
+            tf = tr.teacher_forcing(drawn.sequences)
+            samples = self.texts(drawn.tokens, tf["labels"] != -100)
             # log pbar: the noise distribution's (translator's) smoothed mean token log-probability.
             logp_ref = self.mean_logprob(batch.input_ids, batch.attention_mask, batch.labels)  # [N]
-            logp_smp = self.mean_logprob(input_ids, attention_mask, tf["labels"], tf["decoder_input_ids"])  # [N*K]
-        src = list(batch.src) + [s for s in batch.src for _ in range(k)]
+            logp_smp = self.mean_logprob(drawn.input_ids, drawn.attention_mask, tf["labels"], tf["decoder_input_ids"])  # [N*K]
+        src = list(batch.src) + drawn.src
         with torch.enable_grad():
             scores = self.qe_scores(src, list(batch.tgt) + samples)  # [N + N*K]
         s_ref, s_smp = scores[:n], scores[n:]

@@ -19,14 +19,14 @@ from dataclasses import dataclass
 
 import torch
 
-from qeebm.config import Config, GenerationConfig
+from qeebm.config import Config
 from qeebm.errors import QeebmError
 from qeebm.guards import GuardResult, check, hit_rates
 from qeebm.methods.base import Batch, StepOutput
+from qeebm.methods.sampling import Samples, mono_sources, sample, sampling_config
 from qeebm.methods.sft import SFT
 from qeebm.rl import (
     RunningMeanBaseline,
-    eos_mask,
     masked_moments,
     policy_gradient_loss,
     rloo_baseline,
@@ -66,61 +66,10 @@ class QEReward:
         return score - torch.tensor(guarded.penalty, dtype=torch.float32), score, guarded
 
 
-def sampling_config(c) -> GenerationConfig:
-    return GenerationConfig(num_beams=1, do_sample=True, max_new_tokens=c.max_new_tokens,
-                            temperature=c.temperature, top_k=c.top_k, top_p=c.top_p)
-
-
-@dataclass
-class Samples:
-    """K samples of each of N sources, B = N * K rows, the samples of one source adjacent.
-
-    ``src``: B source texts; ``hyps``: B decoded samples.
-    ``input_ids``, ``attention_mask``: [B, S] the sources, each repeated K times.
-    ``decoder_input_ids``: [B, T] replays the samples (``</s>``, language code, tokens...).
-    ``tokens``: [B, T] the emitted tokens (``sequences[:, 1:]``), ``mask`` [B, T] the policy's
-    actions among them: up to and including the first ``</s>``, without the forced language code.
-    """
-
-    src: list[str]
-    hyps: list[str]
-    input_ids: torch.Tensor
-    attention_mask: torch.Tensor
-    decoder_input_ids: torch.Tensor
-    tokens: torch.Tensor
-    mask: torch.Tensor
-
-
-@torch.no_grad()
-def sample(translator, src: list[str], k: int, gen: GenerationConfig) -> Samples:
-    enc = {key: v.to(translator.device) for key, v in translator.encode(src).items()}
-    tok = translator.tokenizer
-    # eos_token_id passed explicitly: a rollout must end at </s> (the reference PPO code had -1 here).
-    sequences = translator.generate_ids(enc["input_ids"], enc["attention_mask"], gen, num_return_sequences=k,
-                                        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)  # [B, T+1]
-    tokens = sequences[:, 1:]
-    return Samples(
-        src=[s for s in src for _ in range(k)],
-        hyps=translator.decode(sequences),
-        input_ids=enc["input_ids"].repeat_interleave(k, dim=0),
-        attention_mask=enc["attention_mask"].repeat_interleave(k, dim=0),
-        # Explicit decoder inputs (no labels): mBART would otherwise rotate the last token to the front.
-        decoder_input_ids=sequences[:, :-1],
-        tokens=tokens,
-        mask=eos_mask(tokens, tok.eos_token_id, tok.pad_token_id, n_forced=1),
-    )
-
-
 def check_static_qe(cfg: Config) -> None:
     if cfg.qe.mode != "static":
         raise QeebmError(f"method '{cfg.method}' rewards samples with a fixed QE: qe.mode must be 'static', "
                          f"got {cfg.qe.mode!r}")
-
-
-def mono_sources(batch: Batch) -> list[str]:
-    if not batch.mono:
-        raise QeebmError("this method samples from the source-only pool, but the batch has none (data.mono)")
-    return batch.mono
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,0 +1,75 @@
+"""K samples per source from the translator, shared by every method that samples (QE-EBM,
+REINFORCE, PPO): one place that generates, replicates the sources and keeps the emitted tokens."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from qeebm.config import GenerationConfig
+from qeebm.errors import QeebmError
+from qeebm.methods.base import Batch
+from qeebm.rl import eos_mask
+
+
+def sampling_config(c) -> GenerationConfig:
+    """Ancestral / top-k / nucleus sampling from a method section with those keys."""
+    return GenerationConfig(num_beams=1, do_sample=True, max_new_tokens=c.max_new_tokens,
+                            temperature=c.temperature, top_k=c.top_k, top_p=c.top_p)
+
+
+@dataclass
+class Samples:
+    """K samples of each of N sources, B = N * K rows, the samples of one source adjacent.
+
+    ``src``: B source texts; ``hyps``: B decoded samples.
+    ``input_ids``, ``attention_mask``: [B, S] the sources, each repeated K times.
+    ``sequences``: [B, T+1] what ``generate_ids`` returned (``</s>``, language code, tokens..., pad).
+    ``mask`` [B, T]: the policy's actions among the emitted tokens: up to and including the first
+    ``</s>``, without the forced language code.
+    """
+
+    src: list[str]
+    hyps: list[str]
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    sequences: torch.Tensor
+    mask: torch.Tensor
+
+    @property
+    def tokens(self) -> torch.Tensor:
+        """[B, T] the emitted tokens (the teacher-forcing labels before masking)."""
+        return self.sequences[:, 1:]
+
+    @property
+    def decoder_input_ids(self) -> torch.Tensor:
+        """[B, T] replays the samples; explicit decoder inputs, since with labels alone mBART would
+        rotate the last token to the front."""
+        return self.sequences[:, :-1]
+
+
+@torch.no_grad()
+def sample(translator, src: list[str], k: int, gen: GenerationConfig, enc: dict | None = None) -> Samples:
+    """``k`` samples of each of ``src``; ``enc`` (input_ids, attention_mask on the translator's
+    device) saves re-tokenising sources that are already encoded."""
+    if enc is None:
+        enc = {key: v.to(translator.device) for key, v in translator.encode(src).items()}
+    tok = translator.tokenizer
+    # eos_token_id passed explicitly: a rollout must end at </s> (the reference PPO code had -1 here).
+    sequences = translator.generate_ids(enc["input_ids"], enc["attention_mask"], gen, num_return_sequences=k,
+                                        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)  # [B, T+1]
+    return Samples(
+        src=[s for s in src for _ in range(k)],
+        hyps=translator.decode(sequences),
+        input_ids=enc["input_ids"].repeat_interleave(k, dim=0),
+        attention_mask=enc["attention_mask"].repeat_interleave(k, dim=0),
+        sequences=sequences,
+        mask=eos_mask(sequences[:, 1:], tok.eos_token_id, tok.pad_token_id, n_forced=1),
+    )
+
+
+def mono_sources(batch: Batch) -> list[str]:
+    if not batch.mono:
+        raise QeebmError("this method samples from the source-only pool, but the batch has none (data.mono)")
+    return batch.mono
