@@ -27,13 +27,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
-import sacrebleu
 import torch
 import torch.nn.functional as F
 from accelerate.utils import gather_object
 
 from qeebm.config import CorpusConfig, GenerationConfig
 from qeebm.errors import QeebmError
+from qeebm.report import make_metric
 
 log = logging.getLogger(__name__)
 
@@ -42,9 +42,7 @@ def corpus_metrics(hyps: list[str], refs: list[str]) -> dict[str, float]:
     """Corpus BLEU (sacrebleu's default 13a tokenisation) and chrF++ (chrF with word bigrams)."""
     if len(hyps) != len(refs):
         raise ValueError(f"{len(hyps)} hypotheses for {len(refs)} references")
-    bleu = sacrebleu.metrics.BLEU().corpus_score(hyps, [refs]).score
-    chrf = sacrebleu.metrics.CHRF(word_order=2).corpus_score(hyps, [refs]).score
-    return {"bleu": float(bleu), "chrf": float(chrf)}
+    return {name: float(make_metric(name).corpus_score(hyps, [refs]).score) for name in ("bleu", "chrf")}
 
 
 def _shard(items: list, accelerator) -> list:
@@ -81,22 +79,6 @@ def corpus_nll(translator, src: list[str], tgt: list[str], batch_size: int, acce
     if accelerator is not None and accelerator.num_processes > 1:
         total = accelerator.reduce(total, "sum")
     return (total[0] / total[1].clamp(min=1)).item()
-
-
-def sacrebleu_scores(hyps: list[str], refs: list[str]) -> tuple[dict[str, float], dict[str, str]]:
-    """BLEU, chrF++ and TER as the sacrebleu command line computes them, with their signatures."""
-    if len(hyps) != len(refs):
-        raise QeebmError(f"{len(hyps)} hypotheses for {len(refs)} references: the counts must match")
-    metrics = {
-        "bleu": sacrebleu.metrics.BLEU(),
-        "chrf": sacrebleu.metrics.CHRF(word_order=2),
-        "ter": sacrebleu.metrics.TER(),
-    }
-    scores, signatures = {}, {}
-    for name, metric in metrics.items():
-        scores[name] = float(metric.corpus_score(hyps, [refs]).score)
-        signatures[name] = str(metric.get_signature())
-    return scores, signatures
 
 
 # ----------------------------------------------------------------------------------------------

@@ -23,6 +23,22 @@ import yaml
 from qeebm.config import Config, load_config
 
 
+def assert_identical(a, b, where: str = "") -> None:
+    """Nested state dicts equal bit for bit."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for k in a:
+            assert_identical(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_identical(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, where
+
+
 def write_tiny_world(root: Path) -> Path:
     """A tiny random NLLB translator, 64 training and 16 dev pairs under ``root``, and a base config
     (``root/base.yaml``) for runs of a few steps: no warm-up, constant schedule, greedy validation

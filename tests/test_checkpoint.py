@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from ddp_parity import make_config, read_metrics, write_tiny_world
+from ddp_parity import assert_identical, make_config, read_metrics, write_tiny_world
 from qeebm import checkpoint as ckpt
 from qeebm.errors import QeebmError
 from qeebm.loop import train
@@ -23,22 +23,6 @@ def base(tmp_path_factory) -> Path:
 
 def load(run_dir: Path, step: int, name: str):
     return torch.load(ckpt.step_dir(Path(run_dir) / "checkpoints", step) / name, weights_only=True)
-
-
-def assert_identical(a, b, where: str = "") -> None:
-    """Nested state dicts equal bit for bit."""
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and torch.equal(a, b), where
-    elif isinstance(a, dict):
-        assert a.keys() == b.keys(), where
-        for k in a:
-            assert_identical(a[k], b[k], f"{where}.{k}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
-            assert_identical(x, y, f"{where}[{i}]")
-    else:
-        assert a == b, where
 
 
 def test_interrupted_run_resumes_exactly(base, tmp_path):

@@ -14,7 +14,7 @@ import pytest
 import torch
 from accelerate.utils import set_seed
 
-from ddp_parity import final_weights, make_config, read_metrics, write_tiny_world
+from ddp_parity import assert_identical, final_weights, make_config, read_metrics, write_tiny_world
 from helpers import tiny_texts, tiny_translator_dir, tokenizer_dir
 from qeebm import checkpoint as ckpt
 from qeebm.config import QeEbmConfig
@@ -67,22 +67,6 @@ def snapshot(module: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def changed(before: dict, module: torch.nn.Module) -> set[str]:
     return {n for n, p in module.named_parameters() if not torch.equal(before[n], p.detach())}
-
-
-def assert_identical(a, b, where: str) -> None:
-    """Nested state dicts equal bit for bit."""
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and torch.equal(a, b), where
-    elif isinstance(a, dict):
-        assert a.keys() == b.keys(), where
-        for k in a:
-            assert_identical(a[k], b[k], f"{where}.{k}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
-            assert_identical(x, y, f"{where}[{i}]")
-    else:
-        assert a == b, where
 
 
 # ---------------------------------------------------------------------------------- the schedule
