@@ -5,8 +5,9 @@ import random
 import pytest
 import torch
 
-from qe_helpers import load_tiny, model_dir, predict, sentence, toy_triples
+from qe_helpers import fresh, load_tiny, model_dir, predict, sentence, toy_triples
 from qeebm.errors import QeebmError
+from qeebm.qe.packed import packable, packed_scores
 from qeebm.qe.scoring import QEScorer, read_segments, score_file
 from qeebm.qe.train import torch_threads
 
@@ -67,6 +68,59 @@ def test_fast_kiwi_path_equals_comets_own_batching():
     assert max(abs(a - b) for a, b in zip(fast, generic)) < 1e-6
 
 
+def _kiwi_batch(model):
+    """One padded batch of very different lengths (the truncated 256-token row included)."""
+    scorer = QEScorer(model, cache=False)
+    src, mt, _, _ = _inputs()
+    rows = []
+    scorer._padded = lambda r: rows.extend(r) or QEScorer._padded(scorer, r)
+    with torch.inference_mode():
+        scorer._score_kiwi([(s, m, None) for s, m in zip(src, mt)])
+    return QEScorer._padded(scorer, rows)
+
+
+@pytest.mark.parametrize("sentence_layer", ["mix", 1])
+def test_packed_forward_equals_comets_forward(sentence_layer):
+    model = fresh("kiwi")
+    if sentence_layer != "mix":  # a CometKiwi that reads one layer instead of mixing them
+        model.layerwise_attention, model.hparams.sent_layer = None, sentence_layer
+    assert packable(model)
+    ids, mask = _kiwi_batch(model)
+    assert mask.sum() < 0.5 * mask.numel()  # most of the padded batch is padding
+    with torch.inference_mode():
+        expected = model.forward(input_ids=ids, attention_mask=mask).score
+        got = packed_scores(model, ids, mask)
+    assert got.shape == expected.shape
+    assert (got - expected).abs().max() < 1e-6
+
+
+def test_unpackable_encoders_take_comets_forward():
+    model = fresh("kiwi")
+    model.layerwise_attention.layer_norm = True  # the mix then normalises over every position
+    assert not packable(model)
+    src, mt, _, _ = _inputs(12)
+    got = QEScorer(model, batch_size=4).score(src, mt)
+    assert max(abs(a - b) for a, b in zip(got, predict(model, src, mt))) < 1e-5
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_batches_respect_both_caps(seed):
+    rng = random.Random(seed)
+    lengths = [rng.choice([1, 3, 7, 30, 200]) + rng.randint(0, 5) for _ in range(rng.randint(1, 60))]
+    scorer = QEScorer(load_tiny("kiwi"), batch_size=rng.randint(1, 9))
+    max_tokens = rng.choice([16, 64, 256])
+    batches = scorer._batches(lengths, lambda n: n, max_tokens)
+    flat = [i for b in batches for i in b]
+    assert sorted(flat) == list(range(len(lengths)))  # every item exactly once
+    assert [lengths[i] for i in flat] == sorted(lengths)
+    for b in batches:
+        assert len(b) <= scorer.batch_size
+        assert len(b) == 1 or len(b) * max(lengths[i] for i in b) <= max_tokens
+    # greedy: the next item would have broken a cap
+    for b, nxt in zip(batches, batches[1:]):
+        assert len(b) == scorer.batch_size or (len(b) + 1) * lengths[nxt[0]] > max_tokens
+
+
 def test_xcomet_without_reference_matches_predict():
     model = load_tiny("xcomet")
     src, mt, _, _ = _inputs(12)
@@ -96,6 +150,8 @@ def test_cache_off_and_training_mode_restored():
 
 
 def test_errors_and_empty_input():
+    with pytest.raises(QeebmError, match="max_tokens must be positive"):
+        QEScorer(load_tiny("kiwi"), max_tokens=0)
     scorer = QEScorer(load_tiny("comet"))
     assert scorer.score([], [], []) == []
     with pytest.raises(QeebmError, match="references"):

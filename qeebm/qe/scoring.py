@@ -5,7 +5,8 @@ runs the same computation in a plain `torch.inference_mode` loop over length-sor
 scores every distinct (src, mt[, ref]) once (the K samples of one source often repeat):
 
 * CometKiwi: each distinct text is tokenised once, `<s> mt </s></s> src </s>` is assembled and
-  truncated as comet's `concat_sequences` does, and `model.forward` gives the score;
+  truncated as comet's `concat_sequences` does, and the encoder runs on the real tokens only
+  (`qeebm.qe.packed`; `model.forward` for encoders it does not cover);
 * XCOMET and any other UnifiedMetric: comet's own `prepare_sample(stage="predict")` and
   `predict_step` (what Lightning calls inside predict: the three input combos, the error-span MQM
   term and the clipping are all comet's);
@@ -26,6 +27,7 @@ import torch
 
 from qeebm.errors import QeebmError
 from qeebm.qe.models import qe_kind
+from qeebm.qe.packed import packable, packed_scores
 
 log = logging.getLogger(__name__)
 
@@ -61,12 +63,22 @@ class QEScorer:
     """Batched, no-grad scores for lists of (src, mt[, ref]), cached per distinct input.
 
     The cache assumes the model's weights do not change; call `clear_cache()` after training it.
+
+    Batches hold at most `batch_size` segments and, where inputs are token ids (CometKiwi, and
+    each sentence of reference-based COMET), at most `max_tokens` padded tokens (segments x the
+    longest): on a CPU, a base-sized encoder is fastest at 1-2k tokens a batch
+    (`scripts/bench.py --what scoring`).
     """
 
-    def __init__(self, model, batch_size: int = 64, cache: bool = True, cache_size: int = 1_000_000):
+    def __init__(self, model, batch_size: int = 64, cache: bool = True, cache_size: int = 1_000_000,
+                 max_tokens: int = 2048):
+        if batch_size < 1 or max_tokens < 1:
+            raise QeebmError(f"QE batch_size and max_tokens must be positive, got {batch_size} "
+                             f"and {max_tokens}")
         self.model = model
         self.kind = qe_kind(model)
         self.batch_size = batch_size
+        self.max_tokens = max_tokens
         self.use_cache = cache
         self.cache_size = cache_size
         self._cache: OrderedDict[tuple, float] = OrderedDict()
@@ -112,9 +124,19 @@ class QEScorer:
         return out
 
     # ---------------------------------------------------------------------------------- internals
-    def _batches(self, items: list, length) -> list[list[int]]:
+    def _batches(self, items: list, length, max_tokens: int | None = None) -> list[list[int]]:
+        """Indices sorted by length, cut into batches of at most batch_size items and (if given)
+        max_tokens padded tokens; an item longer than max_tokens goes alone."""
         order = sorted(range(len(items)), key=lambda i: length(items[i]))
-        return [order[i:i + self.batch_size] for i in range(0, len(order), self.batch_size)]
+        batches: list[list[int]] = []
+        for i in order:
+            # sorted ascending, so item i is the longest of the batch it joins
+            if batches and len(batches[-1]) < self.batch_size and \
+                    (max_tokens is None or (len(batches[-1]) + 1) * length(items[i]) <= max_tokens):
+                batches[-1].append(i)
+            else:
+                batches.append([i])
+        return batches
 
     @torch.inference_mode()
     def _score_new(self, items: list[tuple]) -> list[float]:
@@ -163,10 +185,14 @@ class QEScorer:
             b = [t for t in table[s][1:-1] if t != pad]
             row = [cls, *a, sep, sep, *b, sep]
             rows.append(row[:limit] if len(a) + len(b) > limit - special else row)
+        pack = packable(self.model)
         scores = [0.0] * len(items)
-        for idx in self._batches(rows, len):
+        for idx in self._batches(rows, len, self.max_tokens):
             ids, mask = self._padded([rows[i] for i in idx])
-            out = self.model.forward(input_ids=ids, attention_mask=mask).score
+            if pack:
+                out = packed_scores(self.model, ids, mask)
+            else:
+                out = self.model.forward(input_ids=ids, attention_mask=mask).score
             for i, v in zip(idx, out.float().tolist()):
                 scores[i] = v
         return scores
@@ -195,7 +221,7 @@ class QEScorer:
         texts = list(table)
         row = {t: i for i, t in enumerate(texts)}
         emb = None
-        for idx in self._batches(texts, lambda t: len(table[t])):
+        for idx in self._batches(texts, lambda t: len(table[t]), self.max_tokens):
             ids, mask = self._padded([table[texts[i]] for i in idx])
             e = model.get_sentence_embedding(ids, mask.long())
             if emb is None:
