@@ -7,8 +7,11 @@ tokens) / (fp32 matmul rate measured here), for
   (b) an XLM-R-base-shaped CometKiwi (12 layers, hidden 768, vocab 250002, random weights).
 Embedding rows are a lookup, not a matmul, so they do not count toward the floor; attention's
 own score/mix products are left out as well (short segments: a few per cent of the total).
-"bare encoder loop" runs the XLM-R model alone on comet's token ids, pre-tokenised and sorted:
-what any scorer built on it could reach on this machine at this moment (the cores may be shared).
+"padded encoder loop" runs the XLM-R model alone on comet's token ids, pre-tokenised, sorted and
+padded in batches of --batch-size: what a scorer that calls the encoder on padded batches could
+reach on this machine at this moment (the cores may be shared). QEScorer packs each batch's real
+tokens instead (qeebm/qe/packed.py), batches of at most --batch-size segments and --max-tokens
+padded tokens.
 Prints a markdown table. `--n-tiny` / `--n-base` set the sizes (defaults: about 2 minutes).
 On cores shared with other jobs, pass `--threads 1`: two OpenMP threads stall at every small op
 whenever the other core is busy (tiny-model numbers drop 10-20x), one thread does not.
@@ -110,6 +113,7 @@ def bench_scoring(args) -> None:
     logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     torch.manual_seed(0)
+    print(f"batch size {args.batch_size}, QEScorer max_tokens {args.max_tokens}")
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, fp32 matmul "
           f"{matmul_gflops():.0f} GFLOP/s (2048^3, best of 5), load average {os.getloadavg()[0]:.1f}")
     tiny = dict(hidden=64, layers=2, heads=4, ffn=128)
@@ -133,33 +137,33 @@ def bench_scoring(args) -> None:
                 model.predict(samples, batch_size=bs, gpus=0, progress_bar=False)
 
             def run_scorer():  # a fresh cache each round: only repeats within the call are saved
-                QEScorer(model, batch_size=bs).score(src, mt)
+                QEScorer(model, batch_size=bs, max_tokens=args.max_tokens).score(src, mt)
 
             batches = encoder_batches(model, src, mt, bs)
 
             @torch.inference_mode()
-            def run_bare():  # the XLM-R model alone on pre-tokenised sorted batches
+            def run_padded():  # the XLM-R model alone on pre-tokenised sorted padded batches
                 for ids, mask in batches:
                     model.encoder.model(input_ids=ids, attention_mask=mask)
 
             model.predict(samples[:bs], batch_size=bs, gpus=0, progress_bar=False)  # warm-up
-            QEScorer(model, batch_size=bs).score(src[:bs], mt[:bs])
+            QEScorer(model, batch_size=bs, max_tokens=args.max_tokens).score(src[:bs], mt[:bs])
             # FLOPs of the distinct pairs the scorer actually encodes
             tokens = sum(int(mask.sum()) for _, mask in batches)
             params = encoder_matmul_params(model)
             flop = 2 * params * tokens
-            best = interleaved_best({"scorer": run_scorer, "predict": run_predict, "bare": run_bare,
+            best = interleaved_best({"scorer": run_scorer, "predict": run_predict, "padded": run_padded,
                                      "floor": lambda: flop / (matmul_gflops(reps=2) * 1e9)}, reps)
             rows.append((name, n, tokens, params, {k: n / t for k, t in best.items()},
                          best["scorer"]))
             del model
     print(f"load average after: {os.getloadavg()[0]:.1f}\n")
     print("| QE | segments | encoded tokens | matmul params | predict seg/s | QEScorer seg/s | "
-          "QEScorer / predict | bare encoder loop seg/s | FLOP floor seg/s | QEScorer time / floor |")
+          "QEScorer / predict | padded encoder loop seg/s | FLOP floor seg/s | QEScorer time / floor |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, n, tokens, params, rate, _ in rows:
         print(f"| {name} | {n} | {tokens} | {params / 1e6:.2f}M | {rate['predict']:.1f} | "
-              f"{rate['scorer']:.1f} | {rate['scorer'] / rate['predict']:.2f}x | {rate['bare']:.1f} | "
+              f"{rate['scorer']:.1f} | {rate['scorer'] / rate['predict']:.2f}x | {rate['padded']:.1f} | "
               f"{rate['floor']:.1f} | {rate['floor'] / rate['scorer']:.2f}x |")
 
 
@@ -172,6 +176,7 @@ def main(argv=None) -> None:
     parser.add_argument("--n-tiny", type=int, default=1000, help="segments for the tiny QE")
     parser.add_argument("--n-base", type=int, default=96, help="segments for the base-shaped QE")
     parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--max-tokens", type=int, default=2048, help="QEScorer's max_tokens")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     args = parser.parse_args(argv)
     if args.threads:
