@@ -219,7 +219,7 @@ def _torch_device(device: Optional[str]) -> torch.device:
 
 
 @contextlib.contextmanager
-def _quiet_lightning():
+def quiet_lightning():
     """Every comet ``predict`` builds a Lightning Trainer, which announces its devices at INFO
     level (comet-score --quiet hides the same lines) and repeats a deprecation warning about its own
     code that no qeebm user can act on."""
@@ -263,7 +263,7 @@ def qe_scores(model_path: str, src: Sequence[str], hyp: Sequence[str], ref: Opti
             for sample, r in zip(samples, ref):
                 sample["ref"] = r
         gpus = 1 if dev.type == "cuda" else 0
-        with _quiet_lightning():
+        with quiet_lightning():
             # num_workers=0: forking data workers of a process holding a multi-GB model buys nothing here
             out = model.predict(samples, batch_size=batch_size, gpus=gpus,
                                 devices=[dev.index or 0] if gpus else None, progress_bar=False,

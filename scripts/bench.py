@@ -105,13 +105,10 @@ def interleaved_best(fns: dict, reps: int) -> dict:
 
 
 def bench_scoring(args) -> None:
-    import logging
-
+    from qeebm.evaluate import quiet_lightning
     from qeebm.qe.scoring import QEScorer
     from qeebm.qe.tiny import new_qe, write_encoder
 
-    logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
-    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     torch.manual_seed(0)
     print(f"batch size {args.batch_size}, QEScorer max_tokens {args.max_tokens}")
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, fp32 matmul "
@@ -134,7 +131,8 @@ def bench_scoring(args) -> None:
             bs = args.batch_size
 
             def run_predict():
-                model.predict(samples, batch_size=bs, gpus=0, progress_bar=False)
+                with quiet_lightning():
+                    model.predict(samples, batch_size=bs, gpus=0, progress_bar=False)
 
             def run_scorer():  # a fresh cache each round: only repeats within the call are saved
                 QEScorer(model, batch_size=bs, max_tokens=args.max_tokens).score(src, mt)
@@ -146,7 +144,7 @@ def bench_scoring(args) -> None:
                 for ids, mask in batches:
                     model.encoder.model(input_ids=ids, attention_mask=mask)
 
-            model.predict(samples[:bs], batch_size=bs, gpus=0, progress_bar=False)  # warm-up
+            run_predict()  # warm-up
             QEScorer(model, batch_size=bs, max_tokens=args.max_tokens).score(src[:bs], mt[:bs])
             # FLOPs of the distinct pairs the scorer actually encodes
             tokens = sum(int(mask.sum()) for _, mask in batches)
