@@ -110,29 +110,37 @@ def _snapshot(repo_id: str, offline: bool, allow_patterns=None) -> Path | None:
         return None
 
 
-def _resolve_checkpoint(name_or_path: str) -> tuple[Path, bool]:
-    """(checkpoint path, came from the hub)."""
+def _cached_or_downloaded(repo_id: str, required: str, allow_patterns=None) -> tuple[Path | None, bool]:
+    """(the repo's snapshot from the local cache, else from the hub; whether the hub is
+    unreachable). The reachability probe can take seconds, so a cache that has `required` skips it."""
+    snap = _snapshot(repo_id, offline=True, allow_patterns=allow_patterns)
+    if snap is not None and (snap / required).is_file():
+        return snap, False
+    offline = _hub_offline()
+    if snap is None and not offline:
+        snap = _snapshot(repo_id, offline=False, allow_patterns=allow_patterns)
+    return snap, offline
+
+
+def _resolve_checkpoint(name_or_path: str) -> Path:
     p = Path(name_or_path).expanduser()
     if p.is_file():
-        return p.resolve(), False
+        return p.resolve()
     if p.is_dir():
         ckpt = p / CHECKPOINT
         if not ckpt.is_file() or not (p / "hparams.yaml").is_file():
             raise QeebmError(f"{p} is not a COMET model directory: it needs hparams.yaml and {CHECKPOINT}")
-        return ckpt.resolve(), False
+        return ckpt.resolve()
     if name_or_path.count("/") != 1 or name_or_path.startswith((".", "/", "~")):
         raise QeebmError(f"QE model '{name_or_path}' is neither a local path nor a hub id (org/name)")
     # What comet.download_model does for hub-hosted models (all the supported ones), without its
     # fallback to legacy download URLs, which would hang offline, and without importing comet.
-    offline = _hub_offline()
-    snap = _snapshot(name_or_path, offline=True)
-    if snap is None and not offline:
-        snap = _snapshot(name_or_path, offline=False)
+    snap, offline = _cached_or_downloaded(name_or_path, CHECKPOINT)
     if snap is None or not (snap / CHECKPOINT).is_file():
         why = "it is not in the local Hugging Face cache and the hub is unreachable" if offline else \
             "the hub did not provide it"
         raise _missing_files_error(name_or_path, None, why)
-    return snap / CHECKPOINT, True
+    return snap / CHECKPOINT
 
 
 def _resolve_encoder(model_dir: Path, hparams: dict, encoder_dir: str | None, repo_id: str) -> str:
@@ -149,11 +157,7 @@ def _resolve_encoder(model_dir: Path, hparams: dict, encoder_dir: str | None, re
     if not name or Path(name).is_absolute():
         raise QeebmError(f"the encoder of {model_dir} ({name or 'no pretrained_model'}) is missing: "
                          f"put its config.json and tokenizer files in {model_dir / ENCODER_SUBDIR}")
-    patterns = ["*.json", "*.model", "*.txt"]
-    offline = _hub_offline()
-    snap = _snapshot(name, offline=True, allow_patterns=patterns)
-    if snap is None and not offline:
-        snap = _snapshot(name, offline=False, allow_patterns=patterns)
+    snap, _ = _cached_or_downloaded(name, "config.json", allow_patterns=["*.json", "*.model", "*.txt"])
     if snap is None or not (snap / "config.json").is_file():
         raise _missing_files_error(repo_id, name, f"the config/tokenizer of its encoder {name} is not "
                                    "available (not cached, hub unreachable)")
@@ -163,7 +167,7 @@ def _resolve_encoder(model_dir: Path, hparams: dict, encoder_dir: str | None, re
 def load_qe(name_or_path: str, encoder_dir: str | None = None):
     """Load a CometKiwi / COMET / XCOMET model (eval mode, on CPU) from a hub id or a local
     directory (or .ckpt path) in comet's on-disk format. No remote code is executed."""
-    ckpt, _ = _resolve_checkpoint(str(name_or_path))
+    ckpt = _resolve_checkpoint(str(name_or_path))
     model_dir = ckpt.parents[1]
     hparams_file = model_dir / "hparams.yaml"
     if not hparams_file.is_file():
