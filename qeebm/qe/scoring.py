@@ -43,6 +43,24 @@ def _to(batch, device):
     return batch  # e.g. XCOMET's per-token offsets (lists), used on the CPU
 
 
+def kiwi_row(tokenizer, mt: list[int], src: list[int], max_positions: int) -> list[int]:
+    """CometKiwi's input `<s> mt </s></s> src </s>` from the two segments' content ids (no
+    specials, no pads), cut as comet's XLM-R `concat_sequences` does. comet cuts to max_positions
+    only when the content exceeds max_positions - 5; shorter content gives at most
+    max_positions - 1 ids with the four specials, so an unconditional cut is the same rule."""
+    return tokenizer.build_inputs_with_special_tokens(mt, src)[:max_positions]
+
+
+def pad_rows(rows: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-aligned id rows padded into one batch, with a bool mask built like comet's
+    concat_sequences, so the numbers match comet's bit for bit."""
+    lengths = torch.tensor([len(r) for r in rows])
+    width = int(lengths.max())
+    ids = torch.tensor([r + [pad_id] * (width - len(r)) for r in rows])
+    mask = torch.arange(width)[None, :] < lengths[:, None]
+    return ids.to(device), mask.to(device)
+
+
 class _EvalMode:
     """Eval mode for the duration of a call, then every submodule's own mode back (a QE that is
     being trained must not be left in eval mode, nor a frozen one in train mode)."""
@@ -161,30 +179,18 @@ class QEScorer:
         return dict(zip(unique, ids))
 
     def _padded(self, rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        pad = self.model.encoder.tokenizer.pad_token_id
-        lengths = torch.tensor([len(r) for r in rows])
-        width = int(lengths.max())
-        ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows])
-        # a bool mask built like comet's concat_sequences, so the numbers match bit for bit
-        mask = torch.arange(width)[None, :] < lengths[:, None]
-        return ids.to(self.model.device), mask.to(self.model.device)
+        return pad_rows(rows, self.model.encoder.tokenizer.pad_token_id, self.model.device)
 
     def _score_kiwi(self, items: list[tuple]) -> list[float]:
         """CometKiwi without comet's per-batch tokenisation: every distinct text is tokenised
         once (K samples share a source), then each `<s> mt </s></s> src </s>` is assembled and
         truncated exactly as comet's XLM-R `concat_sequences` does."""
         enc = self.model.encoder
-        cls, sep, pad = enc.tokenizer.cls_token_id, enc.tokenizer.sep_token_id, enc.tokenizer.pad_token_id
-        limit = enc.max_positions
-        special = 1 + 2 * enc.size_separator  # comet's count for two segments
+        pad = enc.tokenizer.pad_token_id
         table = self._token_ids([t for s, m, _ in items for t in (s, m)])
-        rows = []
-        for s, m, _ in items:
-            # comet strips pad ids (and the <s> </s> of each segment) before concatenating
-            a = [t for t in table[m][1:-1] if t != pad]
-            b = [t for t in table[s][1:-1] if t != pad]
-            row = [cls, *a, sep, sep, *b, sep]
-            rows.append(row[:limit] if len(a) + len(b) > limit - special else row)
+        # comet strips pad ids (and the <s> </s> of each segment) before concatenating
+        content = {t: [i for i in ids[1:-1] if i != pad] for t, ids in table.items()}
+        rows = [kiwi_row(enc.tokenizer, content[m], content[s], enc.max_positions) for s, m, _ in items]
         pack = packable(self.model)
         scores = [0.0] * len(items)
         for idx in self._batches(rows, len, self.max_tokens):
