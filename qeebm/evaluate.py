@@ -33,7 +33,7 @@ from accelerate.utils import gather_object
 
 from qeebm.config import CorpusConfig, GenerationConfig
 from qeebm.errors import QeebmError
-from qeebm.report import make_metric
+from qeebm.report import SACREBLEU_METRICS, make_metric
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,6 @@ def corpus_nll(translator, src: list[str], tgt: list[str], batch_size: int, acce
 # ----------------------------------------------------------------------------------------------
 # Which metrics, with which models
 
-SACREBLEU_METRICS = ("bleu", "chrf", "ter")
 QE_METRICS = ("comet", "kiwi", "xcomet")
 DEFAULT_QE_MODELS = {
     "comet": "Unbabel/wmt22-comet-da",
@@ -395,12 +394,11 @@ def evaluate_system(
 
     from qeebm.report import build_report, validate_report
 
+    sacre = [n for n in SACREBLEU_METRICS if n in names]
     report = build_report(system=system, seed=seed, config_id=config_id, hyp=hyps, ref=ref, src=src,
                           data_sha256=segments_sha256(src, ref), scores=scores, data_path=data_path or path,
                           model=model, decoding=decoding, trained_on=trained_on, heldout=list(heldout),
-                          signatures=signatures)
-    sacre = [n for n in SACREBLEU_METRICS if n in names]
-    report["corpus"] = {n: v for n, v in report["corpus"].items() if n in names}
+                          signatures=signatures, sacrebleu=sacre)
     report["signatures"] = {n: report["signatures"][n] for n in sacre + neural}
     report["seconds"] = {k: round(v, 3) for k, v in seconds.items()}
     return validate_report(report)
@@ -476,6 +474,24 @@ def infer_trained_on(config: Optional[dict], spec: MetricSpec) -> Optional[str]:
     return "kiwi"
 
 
+def _translate_test(model: str, src_lang: str, tgt_lang: str, src: list[str], gen: GenerationConfig,
+                    device: Optional[str]) -> tuple[list[str], dict, float]:
+    """(hypotheses, decoding provenance, seconds) of a saved translator on the test sources. The
+    translator is freed before returning: the QE models come next, one at a time."""
+    from qeebm.config import ModelConfig
+    from qeebm.translator import Translator
+
+    translator = Translator.load(ModelConfig(name_or_path=model, src_lang=src_lang, tgt_lang=tgt_lang))
+    translator.to(_torch_device(device))
+    start = time.perf_counter()
+    hyps = decode_test(translator, src, gen)
+    seconds = time.perf_counter() - start
+    decoding = decoding_info(gen, translator)
+    del translator
+    gc.collect()
+    return hyps, decoding, seconds
+
+
 def evaluate_run(run_dir: Union[str, Path], test=None, metrics: Optional[MetricSpec] = None, *,
                  split: str = "test", generation: Optional[GenerationConfig] = None,
                  system: Optional[str] = None, trained_on: Optional[str] = "auto",
@@ -483,10 +499,8 @@ def evaluate_run(run_dir: Union[str, Path], test=None, metrics: Optional[MetricS
     """Evaluate a training run's best (else final) model and write ``<run>/eval/<split>.json``.
     ``test`` defaults to the run's data.test; system, seed, config_id and trained_on come from the
     run's config.yaml unless given. Returns (report, path)."""
-    from qeebm.config import ModelConfig
     from qeebm.data import Corpus
     from qeebm.report import config_id as make_config_id
-    from qeebm.translator import Translator
 
     spec = metrics or MetricSpec()
     config = run_config(run_dir)
@@ -500,17 +514,9 @@ def evaluate_run(run_dir: Union[str, Path], test=None, metrics: Optional[MetricS
     check_trained_on(trained_on, spec)
     check_qe_models(spec, spec.selected())
     model_cfg = config.get("model") or {}
-    translator = Translator.load(ModelConfig(name_or_path=str(model_dir),
-                                             src_lang=model_cfg.get("src_lang", "eng_Latn"),
-                                             tgt_lang=model_cfg.get("tgt_lang", "khk_Cyrl")))
-    translator.to(_torch_device(spec.device))
-    gen = generation or GenerationConfig()
-    start = time.perf_counter()
-    hyps = decode_test(translator, src, gen)
-    decode_s = time.perf_counter() - start
-    decoding = decoding_info(gen, translator)
-    del translator  # the QE models come next, one at a time
-    gc.collect()
+    hyps, decoding, decode_s = _translate_test(
+        str(model_dir), model_cfg.get("src_lang", "eng_Latn"), model_cfg.get("tgt_lang", "khk_Cyrl"), src,
+        generation or GenerationConfig(), spec.device)
     report = evaluate_system(
         hyps, Corpus(src, ref, origin=[""] * len(src), name="test"), spec,
         system=system or system_name(config), seed=config.get("seed"), config_id=make_config_id(config),
@@ -567,11 +573,9 @@ def metric_spec_from_args(args) -> MetricSpec:
 def evaluate_main(args) -> dict:
     """``qeebm evaluate``: translate (or read) the test set's hypotheses, score them, print the
     corpus scores and write the report (--output, or <run>/eval/<split>.json with --run)."""
-    from qeebm.config import ModelConfig
     from qeebm.data import read_corpus
     from qeebm.report import config_id as make_config_id
     from qeebm.report import write_report
-    from qeebm.translator import Translator
 
     spec = metric_spec_from_args(args)
     names = spec.selected()
@@ -616,17 +620,10 @@ def evaluate_main(args) -> dict:
         decoding = {"hyps": str(args.hyps)}
     else:
         model_cfg = (config or {}).get("model") or {}
-        translator = Translator.load(ModelConfig(
-            name_or_path=model, src_lang=args.src_lang or model_cfg.get("src_lang", "eng_Latn"),
-            tgt_lang=args.tgt_lang or model_cfg.get("tgt_lang", "khk_Cyrl")))
-        translator.to(_torch_device(spec.device))
         gen = GenerationConfig(num_beams=args.beams, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size)
-        start = time.perf_counter()
-        hyps = decode_test(translator, test.src, gen)
-        decode_s = time.perf_counter() - start
-        decoding = decoding_info(gen, translator)
-        del translator  # free it before the QE models are loaded
-        gc.collect()
+        hyps, decoding, decode_s = _translate_test(
+            model, args.src_lang or model_cfg.get("src_lang", "eng_Latn"),
+            args.tgt_lang or model_cfg.get("tgt_lang", "khk_Cyrl"), test.src, gen, spec.device)
         translated = True
 
     if args.system:

@@ -327,8 +327,10 @@ def build_report(
     trained_on: str | None = None,
     heldout: Sequence[str] = (),
     signatures: dict[str, str] | None = None,
+    sacrebleu: Sequence[str] = SACREBLEU_METRICS,
 ) -> dict:
-    """A validated report with corpus BLEU/chrF++/TER and the mean of every neural score filled in.
+    """A validated report with the corpus scores of the ``sacrebleu`` metrics (default BLEU,
+    chrF++ and TER) and the mean of every neural score filled in.
     ``scores`` maps a metric name ('comet', 'kiwi', 'xcomet', 'judge') to one number per segment;
     ``signatures`` overrides sacrebleu's default options (e.g. a different BLEU tokeniser)."""
     signatures = dict(signatures or {})
@@ -337,7 +339,7 @@ def build_report(
         segments["src"] = list(src)
     segments["ref"], segments["hyp"] = list(ref), list(hyp)
     corpus = {}
-    for name in SACREBLEU_METRICS:
+    for name in sacrebleu:
         corpus[name] = corpus_from_stats(name, segment_stats(name, hyp, ref, signatures.get(name)), signatures.get(name))
         signatures[name] = metric_signature(name, signatures.get(name))
     for name, values in (scores or {}).items():
