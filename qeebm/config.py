@@ -22,6 +22,13 @@ from qeebm.errors import QeebmError
 from qeebm.guards import GuardConfig
 
 TINYWORLD_DIR = "data/tinyworld"
+# The file of each split inside a data directory (the tiny world's ``data/``, a prepared corpus).
+SPLIT_FILES = {"train": "train.tsv", "dev": "dev.tsv", "test": "test.tsv", "mono": "mono.txt"}
+
+
+def data_path_overrides(data_dir: str | Path) -> list[str]:
+    """``data.<split>.path=`` overrides pointing every split at its file in ``data_dir``."""
+    return [f"data.{split}.path={Path(data_dir) / name}" for split, name in SPLIT_FILES.items()]
 
 
 @dataclass
@@ -65,14 +72,18 @@ class CorpusConfig:
     max_examples: int = 0
 
 
+def _tinyworld_corpus(split: str) -> CorpusConfig:
+    return CorpusConfig(path=f"{TINYWORLD_DIR}/data/{SPLIT_FILES[split]}")
+
+
 @dataclass
 class DataConfig:
     """Labelled pairs (train/dev/test) and the source-only pool (mono)."""
 
-    train: CorpusConfig = field(default_factory=lambda: CorpusConfig(path=f"{TINYWORLD_DIR}/data/train.tsv"))
-    dev: CorpusConfig = field(default_factory=lambda: CorpusConfig(path=f"{TINYWORLD_DIR}/data/dev.tsv"))
-    test: CorpusConfig = field(default_factory=lambda: CorpusConfig(path=f"{TINYWORLD_DIR}/data/test.tsv"))
-    mono: CorpusConfig = field(default_factory=lambda: CorpusConfig(path=f"{TINYWORLD_DIR}/data/mono.txt"))
+    train: CorpusConfig = field(default_factory=lambda: _tinyworld_corpus("train"))
+    dev: CorpusConfig = field(default_factory=lambda: _tinyworld_corpus("dev"))
+    test: CorpusConfig = field(default_factory=lambda: _tinyworld_corpus("test"))
+    mono: CorpusConfig = field(default_factory=lambda: _tinyworld_corpus("mono"))
     # Drop training pairs whose source or target has more than this many translator tokens (0 = keep all).
     max_tokens: int = 50
     dedup: bool = True
@@ -370,9 +381,9 @@ def parse_override(item: str) -> dict:
     return out
 
 
+CORPUS_FORMATS = ("auto", "tsv", "jsonl", "text", "hf")
 # String fields with a fixed set of values; checked after the types so the message can list them.
 CHOICES = {
-    "model.src_lang": None,  # checked against the language table when the model is loaded
     "data.on_error": ("fail", "skip"),
     "optim.scheduler": ("linear", "cosine", "constant"),
     "optim.mixed_precision": ("no", "fp16", "bf16"),
@@ -382,23 +393,17 @@ CHOICES = {
     "qe_ebm.relaxation": ("st", "softmax", "gumbel-st"),
     "reinforce.baseline": ("running_mean", "rloo", "none"),
     "reinforce.reward_scaling": ("max_abs", "whiten", "none"),
+    **{f"data.{split}.format": CORPUS_FORMATS for split in SPLIT_FILES},
 }
-CORPUS_FORMATS = ("auto", "tsv", "jsonl", "text", "hf")
 
 
 def _check_choices(cfg: Config) -> None:
     for key, allowed in CHOICES.items():
-        if allowed is None:
-            continue
         node: Any = cfg
         for part in key.split("."):
             node = getattr(node, part)
         if node not in allowed:
             raise QeebmError(f"config key '{key}' must be one of {', '.join(allowed)}; got {node!r}")
-    for split in ("train", "dev", "test", "mono"):
-        fmt = getattr(cfg.data, split).format
-        if fmt not in CORPUS_FORMATS:
-            raise QeebmError(f"config key 'data.{split}.format' must be one of {', '.join(CORPUS_FORMATS)}; got {fmt!r}")
 
 
 def config_from_dict(values: dict) -> Config:

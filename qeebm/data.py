@@ -20,12 +20,12 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 import torch
 
-from qeebm.config import CorpusConfig
-from qeebm.errors import QeebmError
+from qeebm.config import CHOICES, CORPUS_FORMATS, CorpusConfig
+from qeebm.errors import QeebmError, first_line
 
 LOG = logging.getLogger("qeebm.data")
 
-ON_ERROR = ("fail", "skip")
+ON_ERROR = CHOICES["data.on_error"]
 
 
 @dataclass
@@ -149,6 +149,24 @@ def _existing_file(path_str: str, name: str) -> Path:
     return path
 
 
+def _decoded_lines(path: Path, lines: Iterable[tuple[int, bytes]], problems: _Problems,
+                   sink: _Sink) -> Iterator[tuple[str, str]]:
+    """(origin, text) for each line that is within the limit, valid UTF-8 and not blank; lines past
+    the limit are counted in ``sink.left_out``, bad ones go to ``problems``."""
+    for n, raw in lines:
+        if sink.full():
+            sink.left_out += 1
+            continue
+        origin = f"{path}:{n}"
+        text = _decode(raw, origin, problems)
+        if text is None:
+            continue
+        if not text.strip():
+            problems.bad(origin, "blank line")
+            continue
+        yield origin, text
+
+
 def _read_tsv(cfg: CorpusConfig, name: str, need_target: bool, problems: _Problems, sink: _Sink) -> None:
     path = _existing_file(cfg.path, name)
     lines = _lines(path)
@@ -168,17 +186,7 @@ def _read_tsv(cfg: CorpusConfig, name: str, need_target: bool, problems: _Proble
             raise QeebmError(f"{path}:1: no column '{col}' in the header (columns: {', '.join(header)})")
     i_src = header.index(cfg.src_column)
     i_tgt = header.index(cfg.tgt_column) if need_target else -1
-    for n, raw in lines:
-        if sink.full():
-            sink.left_out += 1
-            continue
-        origin = f"{path}:{n}"
-        text = _decode(raw, origin, problems)
-        if text is None:
-            continue
-        if not text.strip():
-            problems.bad(origin, "blank line")
-            continue
+    for origin, text in _decoded_lines(path, lines, problems, sink):
         fields = text.split("\t")
         if len(fields) != len(header):
             problems.bad(
@@ -219,17 +227,7 @@ def _string_value(value: Any, key: str, obj: Any, origin: str, problems: _Proble
 
 def _read_jsonl(cfg: CorpusConfig, name: str, need_target: bool, problems: _Problems, sink: _Sink) -> None:
     path = _existing_file(cfg.path, name)
-    for n, raw in _lines(path):
-        if sink.full():
-            sink.left_out += 1
-            continue
-        origin = f"{path}:{n}"
-        text = _decode(raw, origin, problems)
-        if text is None:
-            continue
-        if not text.strip():
-            problems.bad(origin, "blank line")
-            continue
+    for origin, text in _decoded_lines(path, _lines(path), problems, sink):
         # A whole-file JSON array is the usual mistake behind a .json corpus; say so.
         hint = "; the format is JSON Lines, one object per line" if text.lstrip().startswith("[") else ""
         try:
@@ -289,11 +287,6 @@ def _read_text(cfg: CorpusConfig, name: str, need_target: bool, problems: _Probl
         sink.add(problems, origin, src, tgt, tgt_origin)
 
 
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
-
-
 def _nested_keys(feature: Any) -> Optional[list[str]]:
     """The keys a nested column is known to have (a ``Translation`` feature or a dict of
     features), or None when the schema does not say."""
@@ -327,7 +320,7 @@ def _read_hf(cfg: CorpusConfig, name: str, need_target: bool, problems: _Problem
             ds = datasets.load_from_disk(cfg.path)
         except Exception as err:
             raise QeebmError(
-                f"{name} corpus: {cfg.path} is not a dataset directory written by save_to_disk ({_first_line(err)})"
+                f"{name} corpus: {cfg.path} is not a dataset directory written by save_to_disk ({first_line(err)})"
             ) from None
         where = cfg.path
         if isinstance(ds, datasets.DatasetDict):
@@ -342,7 +335,7 @@ def _read_hf(cfg: CorpusConfig, name: str, need_target: bool, problems: _Problem
             config = f", config '{cfg.hf_config}'" if cfg.hf_config else ""
             raise QeebmError(
                 f"{name} corpus: cannot load Hugging Face dataset '{cfg.path}'{config}, split '{cfg.split}': "
-                f"{_first_line(err)}"
+                f"{first_line(err)}"
             ) from None
         where = f"{cfg.path}[{cfg.split}]"
     columns = [(cfg.src_column, *_hf_column(ds, cfg.src_column, where))]
@@ -382,10 +375,8 @@ def corpus_format(cfg: CorpusConfig, name: str) -> str:
     directory is a saved HF dataset; .tsv, .jsonl/.json, .txt; any other file with ``tgt_path``
     is a text pair, as in train.en + train.mn)."""
     if cfg.format != "auto":
-        if cfg.format not in _READERS:
-            raise QeebmError(
-                f"data.{name}.format must be one of auto, {', '.join(_READERS)}; got {cfg.format!r}"
-            )
+        if cfg.format not in CORPUS_FORMATS:
+            raise QeebmError(f"data.{name}.format must be one of {', '.join(CORPUS_FORMATS)}; got {cfg.format!r}")
         return cfg.format
     path = Path(cfg.path)
     if path.is_dir():

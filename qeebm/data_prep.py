@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any, Iterable, Optional
 from urllib.parse import urlparse
 
-from qeebm.errors import QeebmError
+from qeebm.config import SPLIT_FILES
+from qeebm.errors import QeebmError, first_line
 
 log = logging.getLogger("qeebm.data_prep")
 
@@ -168,7 +169,7 @@ def _load_split(corpus: HubCorpus, split: str, out_dir: Path):
         return datasets.load_dataset(corpus.repo, corpus.name, data_dir=corpus.data_dir, revision=corpus.revision,
                                      split=split)
     except Exception as err:  # noqa: BLE001 - the hub and datasets raise many types; all end here
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        first = first_line(err)
         # datasets names the splits it found; a missing dev/test split is carved out of train.
         if isinstance(err, ValueError) and "split" in first.lower() and split != corpus.splits["train"]:
             log.info("%s has no split '%s' (%s)", corpus.describe(), split, first)
@@ -251,11 +252,11 @@ def prepare(corpus: HubCorpus, out_dir: str | Path, *, tokenizer: Optional[str],
 
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    write_tsv(tmp / "train.tsv", [s for s, _ in labelled_pairs], [t for _, t in labelled_pairs])
-    write_lines(tmp / "mono.txt", [s for s, _ in mono_pairs])
+    write_tsv(tmp / SPLIT_FILES["train"], [s for s, _ in labelled_pairs], [t for _, t in labelled_pairs])
+    write_lines(tmp / SPLIT_FILES["mono"], [s for s, _ in mono_pairs])
     write_tsv(tmp / "mono_ref.tsv", [s for s, _ in mono_pairs], [t for _, t in mono_pairs])
     for split, pairs in splits.items():
-        write_tsv(tmp / f"{split}.tsv", [s for s, _ in pairs], [t for _, t in pairs])
+        write_tsv(tmp / SPLIT_FILES[split], [s for s, _ in pairs], [t for _, t in pairs])
     counts.update({"train": len(labelled_pairs), "mono": len(mono_pairs), **{k: len(v) for k, v in splits.items()}})
     manifest = {
         "corpus": asdict(corpus),

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from qeebm.config import data_path_overrides
 from qeebm.tinyworld.build import build, is_built
 
 log = logging.getLogger("qeebm.demo")
@@ -52,10 +53,7 @@ def run_overrides(name: str, world: Path, run_dir: Path, b: dict, seed: int) -> 
     return ppo + [
         f"seed={seed}",
         f"model.name_or_path={world / 'nllb-base'}",
-        f"data.train.path={world / 'data/train.tsv'}",
-        f"data.dev.path={world / 'data/dev.tsv'}",
-        f"data.test.path={world / 'data/test.tsv'}",
-        f"data.mono.path={world / 'data/mono.txt'}",
+        *data_path_overrides(world / "data"),
         f"qe.path={world / 'qe/kiwi'}",
         f"optim.max_steps={steps}",
         f"optim.batch_size={b['batch_size']}",

@@ -9,3 +9,9 @@ class QeebmError(Exception):
     """A problem with the user's input (config, data, paths), reported as one line."""
 
     exit_code = 2
+
+
+def first_line(err: BaseException) -> str:
+    """The first line of ``err``'s message, or its type's name when the message is empty."""
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Union
 
-from qeebm.config import Config, load_config, to_dict
+from qeebm.config import Config, data_path_overrides, load_config, to_dict
 from qeebm.data_prep import HubCorpus, is_prepared
 from qeebm.errors import QeebmError
 from qeebm.langcodes import NLLB_TO_MBART50, to_model_code
@@ -236,9 +236,8 @@ def build_plan(recipe: Recipe, args: argparse.Namespace) -> Plan:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     tiny = Path(args.tiny).resolve() if args.tiny else None
     notes = []
-    data = {"train": "train.tsv", "dev": "dev.tsv", "test": "test.tsv", "mono": "mono.txt"}
     if tiny is not None:
-        if not (tiny / "manifest.json").is_file():
+        if not is_prepared(tiny):
             raise QeebmError(f"--tiny {tiny}: no finished tiny world there (build one: qeebm tinyworld build {tiny})")
         data_dir = tiny / "data"
         metrics = {k: str(tiny / v) for k, v in TINY_METRICS.items()}
@@ -250,7 +249,7 @@ def build_plan(recipe: Recipe, args: argparse.Namespace) -> Plan:
         metrics = dict(METRICS)
     common = [f"model.src_lang={recipe.src_lang}", f"model.tgt_lang={recipe.tgt_lang}",
               f"model.name_or_path={choice.hub_id}"]
-    common += [f"data.{split}.path={data_dir / name}" for split, name in data.items()]
+    common += data_path_overrides(data_dir)
     if recipe.length_ratio is not None:
         lo, hi = recipe.length_ratio
         common.append(f"guards.length_ratio_ranges=[[{recipe.src_lang}, {recipe.tgt_lang}, {lo}, {hi}]]")

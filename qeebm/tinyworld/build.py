@@ -30,11 +30,11 @@ from pathlib import Path
 
 import torch
 
+from qeebm.config import data_path_overrides, load_config
 from qeebm.errors import QeebmError
+from qeebm.langcodes import FAMILIES
 
 log = logging.getLogger("qeebm.tinyworld")
-
-FAMILIES = ("nllb", "mbart")
 
 
 @dataclass(frozen=True)
@@ -166,16 +166,11 @@ def write_tokenizers(out: Path, splits: dict, seed: int, spec: WorldSize) -> Non
     build_nllb_tokenizer(nllb, out / "nllb")
 
 
-def base_config(world: Path, family: str, seed: int, spec: WorldSize, init_dir: Path, run_dir: Path):
-    from qeebm.config import load_config
-
+def base_config(world: Path, seed: int, spec: WorldSize, init_dir: Path, run_dir: Path):
     overrides = [
         f"seed={seed}",
         f"model.name_or_path={init_dir}",
-        f"data.train.path={world / 'data/train.tsv'}",
-        f"data.dev.path={world / 'data/dev.tsv'}",
-        f"data.test.path={world / 'data/test.tsv'}",
-        f"data.mono.path={world / 'data/mono.txt'}",
+        *data_path_overrides(world / "data"),
         f"optim.lr={spec.lr}",
         f"optim.warmup_steps={spec.warmup}",
         f"optim.max_steps={spec.train_steps}",
@@ -230,7 +225,7 @@ def train_base(world: Path, family: str, qe_src: list[str], seed: int, spec: Wor
     init_dir = world / "runs" / f"{family}-init"
     build_tiny_translator(family, tok_dir, init_dir, seed=seed, **spec.model)
     run_dir = world / "runs" / f"{family}-base"
-    cfg = base_config(world, family, seed, spec, init_dir, run_dir)
+    cfg = base_config(world, seed, spec, init_dir, run_dir)
     result = train(cfg)
     out = world / f"{family}-base"
     shutil.copytree(result.best_path, out)

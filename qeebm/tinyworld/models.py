@@ -11,7 +11,8 @@ from pathlib import Path
 
 import torch
 
-FAMILIES = ("nllb", "mbart")
+from qeebm.langcodes import FAMILIES
+
 TOKENIZER_CLASS = {"nllb": "NllbTokenizer", "mbart": "MBart50Tokenizer"}
 
 # Shared by both real checkpoints: <s>=0 <pad>=1 </s>=2, and the decoder starts from </s>.
@@ -34,15 +35,12 @@ def tiny_config(
     ffn: int = 256,
     max_positions: int = 128,
     dropout: float = 0.1,
-    seed: int | None = None,
 ):
     """An ``M2M100Config`` ("nllb") or ``MBartConfig`` ("mbart") of the given size.
 
     ``vocab_size`` defaults to ``len(tokenizer)``; when both are given they must agree, because a
     larger embedding would hold rows no token maps to (and the samplers could emit them).
-    ``seed`` is accepted for symmetry with ``build_tiny_translator``; a config holds no random state.
     """
-    del seed
     _check_family(family)
     if tokenizer is not None:
         if vocab_size is not None and vocab_size != len(tokenizer):
@@ -135,7 +133,7 @@ def build_tiny_translator(
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
     if _tokenizer_family(tokenizer) != family:
         raise ValueError(f"{tokenizer_dir} holds a {type(tokenizer).__name__}, not a {family} tokenizer")
-    config = tiny_config(family, tokenizer=tokenizer, seed=seed, **size)
+    config = tiny_config(family, tokenizer=tokenizer, **size)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForSeq2SeqLM.from_config(config)
