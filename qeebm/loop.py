@@ -29,7 +29,7 @@ from qeebm.data import StepSampler, filter_corpus, read_corpus
 from qeebm.errors import QeebmError
 from qeebm.evaluate import corpus_metrics, corpus_nll, translate_corpus
 from qeebm.methods import METHODS, Batch
-from qeebm.translator import Translator
+from qeebm.translator import Translator, eval_mode
 
 log = logging.getLogger("qeebm.loop")
 
@@ -97,7 +97,9 @@ def train(cfg: Config) -> TrainResult:
             log.warning("checkpoint has no RNG state for process %d: dropout will differ", accelerator.process_index)
 
         def validate_and_select() -> None:
-            with ckpt.preserve_rng(), evaluating(prepared):
+            # prepared is in train mode here (set before the loop; methods restore modes), so eval_mode
+            # hands it back in train mode.
+            with ckpt.preserve_rng(), eval_mode(prepared):
                 result = validate(cfg, translator, dev_set, accelerator)
             value = result[cfg.eval.metric]
             improved = state.best is None or (value > state.best if cfg.eval.mode == "max" else value < state.best)
@@ -256,15 +258,6 @@ def validate(cfg, translator, dev, accelerator) -> dict[str, float]:
     src, tgt = dev.src[:n], dev.tgt[:n]
     hyps = translate_corpus(translator, src, cfg.generation, accelerator)
     return {**corpus_metrics(hyps, tgt), "loss": corpus_nll(translator, src, tgt, cfg.generation.batch_size, accelerator)}
-
-
-@contextlib.contextmanager
-def evaluating(model):
-    model.eval()
-    try:
-        yield
-    finally:
-        model.train()
 
 
 # ----------------------------------------------------------------------------------------------

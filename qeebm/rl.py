@@ -147,7 +147,11 @@ def rloo_baseline(rewards: torch.Tensor) -> torch.Tensor:
 
 
 def normalise_rewards(
-    rewards: torch.Tensor, baseline: torch.Tensor | float | None = None, scaling: str = "none", eps: float = 1e-8
+    rewards: torch.Tensor,
+    baseline: torch.Tensor | float | None = None,
+    scaling: str = "none",
+    eps: float = 1e-8,
+    stats: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Advantages from rewards [B] (or [N, K]): ``rewards - baseline``, then scaled.
 
@@ -160,17 +164,20 @@ def normalise_rewards(
         [-1, 1] and keeps both the sign (better or worse than the baseline) and the ratios.
 
     The statistics are over the tensor passed in: give it the whole step's rewards (gathered over
-    processes) if a result should not depend on how the step was split.
+    processes) if a result should not depend on how the step was split, or pass those centred
+    rewards as ``stats`` (1-d) to scale just this part of the step by the whole step's statistics.
     """
     if scaling not in REWARD_SCALINGS:
         raise ValueError(f"unknown reward scaling {scaling!r}; expected one of {', '.join(REWARD_SCALINGS)}")
     adv = rewards.detach().float()
     if baseline is not None:
         adv = adv - baseline
+    if stats is None:
+        stats = adv
     if scaling == "whiten":
-        return whiten(adv, eps=eps)
+        return whiten(adv, moments=masked_moments(stats), eps=eps)
     if scaling == "max_abs":
-        return adv / adv.abs().max().clamp(min=eps)
+        return adv / stats.abs().max().clamp(min=eps)
     return adv
 
 

@@ -8,6 +8,7 @@ have produced wrong-language output for these models.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import logging
@@ -107,6 +108,19 @@ def _is_peft(model) -> bool:
     except ImportError:  # pragma: no cover - peft is a dependency
         return False
     return isinstance(model, PeftModel)
+
+
+@contextlib.contextmanager
+def eval_mode(module: torch.nn.Module, enabled: bool = True):
+    """``module`` in eval mode (dropout off) inside the block when ``enabled``; its previous mode
+    (``module.train(was_training)``) is restored on the way out in any case."""
+    was_training = module.training
+    if enabled:
+        module.eval()
+    try:
+        yield module
+    finally:
+        module.train(was_training)
 
 
 @dataclass
@@ -285,14 +299,10 @@ class Translator:
         go to ``model.generate`` last. The model runs in eval mode and its mode is restored."""
         kwargs = self.generation_kwargs(gen, num_return_sequences) | overrides
         device = self.device
-        was_training = self.model.training
-        self.model.eval()
-        try:
+        with eval_mode(self.model):
             return self.model.generate(
                 input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), **kwargs
             )
-        finally:
-            self.model.train(was_training)
 
     @torch.no_grad()
     def generate(self, src: list[str], gen: GenerationConfig, num_return_sequences: int = 1) -> list[str]:

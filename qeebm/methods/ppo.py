@@ -51,6 +51,7 @@ from qeebm.rl import (
     sequence_logprobs,
     whiten,
 )
+from qeebm.translator import eval_mode
 
 
 @dataclass
@@ -152,25 +153,15 @@ class PPO:
         if self.reference is not None:
             yield self.reference
             return
-        model, was_training = self.translator.model, self.translator.model.training
-        model.eval()
-        try:
-            with model.disable_adapter():
-                yield model
-        finally:
-            model.train(was_training)
+        with eval_mode(self.translator.model) as model, model.disable_adapter():
+            yield model
 
     @contextlib.contextmanager
     def policy_mode(self, module):
         """Dropout off for every PPO forward (as TRL does), so old and new log-probs come from the same
         function and the first update's ratios are exactly 1."""
-        was_training = module.training
-        if self.c.disable_dropout:
-            module.eval()
-        try:
+        with eval_mode(module, enabled=self.c.disable_dropout):
             yield
-        finally:
-            module.train(was_training)
 
     def forward(self, module, s: Samples, rows=None, values: bool = True):
         """Token log-probs [b, T] and values [b, T] (0 off the mask; values None if not asked)."""

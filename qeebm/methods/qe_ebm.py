@@ -32,6 +32,7 @@ import contextlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -39,7 +40,12 @@ import torch.nn.functional as F
 from qeebm.config import Config, QEConfig, QeEbmConfig
 from qeebm.errors import QeebmError
 from qeebm.methods.base import Batch, StepOutput
-from qeebm.methods.sampling import sample, sampling_config
+from qeebm.methods.sampling import mono_sources, sample, sampling_config
+from qeebm.methods.sft import label_smoothed_ce
+from qeebm.translator import eval_mode
+
+if TYPE_CHECKING:
+    from qeebm.qe.bridge import Alignment
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +83,7 @@ class QeEbmRollout:
     alpha, beta:       this step's weights.
     normaliser:        samples in the whole step, ``global_mono * K``.
     stats:             sample statistics, already contributions.
+    alignment:         the bridge's alignment of (mt_ids, mt_mask), reused by the energy.
     """
 
     batch: Batch
@@ -90,6 +97,7 @@ class QeEbmRollout:
     beta: float
     normaliser: int
     stats: dict[str, float]
+    alignment: Alignment | None = None
 
 
 class QeEbm:
@@ -97,7 +105,7 @@ class QeEbm:
     needs_mono = True
 
     def __init__(self, cfg: Config, translator, model: torch.nn.Module):
-        self.check_config(cfg)
+        # check_config ran in the loop before anything was loaded.
         self.c, self.q = cfg.qe_ebm, cfg.qe
         self.translator, self.model = translator, model
         self.label_smoothing = cfg.optim.label_smoothing
@@ -139,15 +147,16 @@ class QeEbm:
     def rollout(self, batch: Batch) -> QeEbmRollout:
         if batch.labels is None:
             raise QeebmError("method 'qe-ebm' needs target sentences for its CE term; the training corpus has none")
-        if not batch.mono:
-            raise QeebmError("method 'qe-ebm' got no source-only sentences (data.mono)")
+        mono = mono_sources(batch)
         tr, k = self.translator, self.k
         alpha, beta = schedule(batch.step, self.c)
-        drawn = sample(tr, batch.mono, k, self.gen)  # M*K rows, the K samples of a source adjacent
+        drawn = sample(tr, mono, k, self.gen, decode=False)  # M*K rows, the K samples of a source adjacent
         # The QE reads every emitted token up to the first </s>, the forced language code included.
         mt_ids, mt_mask = drawn.tokens, tr.teacher_forcing(drawn.sequences)["labels"] != -100  # [M*K, T]
         src = drawn.src
-        texts = self.texts(mt_ids, mt_mask)
+        # Aligned once: the texts, the sample score and the energy's forward (but gumbel-st's) share it.
+        alignment = self.energy.align(mt_ids, mt_mask)
+        texts = alignment.texts
         norm = batch.global_mono * k
         share = len(batch.src) / batch.global_examples  # this micro-batch's share of the step
         stats = {
@@ -159,23 +168,20 @@ class QeEbm:
         }
         if self.c.relaxation != "st":
             # Only the straight-through forward value is the exact score of the emitted text.
-            stats["qe-ebm/sample_score"] = self.energy.score_ids(src, mt_ids, mt_mask).sum().item() / norm
+            stats["qe-ebm/sample_score"] = self.energy.score_ids(src, mt_ids, mt_mask, alignment=alignment).sum().item() / norm
         return QeEbmRollout(batch=batch, src=src, input_ids=drawn.input_ids, attention_mask=drawn.attention_mask,
                             decoder_input_ids=drawn.decoder_input_ids, mt_ids=mt_ids, mt_mask=mt_mask,
-                            alpha=alpha, beta=beta, normaliser=norm, stats=stats)
+                            alpha=alpha, beta=beta, normaliser=norm, stats=stats, alignment=alignment)
 
     def loss(self, r: QeEbmRollout) -> StepOutput:
         b = r.batch
         # The CE term exactly as method 'sft' computes it, so beta = 0 is SFT bit for bit.
-        logits = self.model(input_ids=b.input_ids, attention_mask=b.attention_mask, labels=b.labels).logits
-        logits = _upcast(logits).flatten(0, 1)
-        ce = F.cross_entropy(logits, b.labels.flatten(), ignore_index=-100, label_smoothing=self.label_smoothing,
-                             reduction="sum") / max(b.global_tokens, 1)
+        ce, _ = label_smoothed_ce(self.model, b, self.label_smoothing, upcast=_upcast)
         # decoder_input_ids replay the samples; labels alone would make mBART rotate a cut-off row.
         tf_logits = self.model(input_ids=r.input_ids, attention_mask=r.attention_mask,
                                decoder_input_ids=r.decoder_input_ids).logits  # [M*K, T, V]
         energy = self.energy(r.src, r.mt_ids, r.mt_mask, _upcast(tf_logits), relaxation=self.c.relaxation,
-                             tau=self.c.tau)  # [M*K]
+                             tau=self.c.tau, alignment=r.alignment)  # [M*K]
         e = energy.sum() / r.normaliser
         loss = r.alpha * ce + r.beta * e
         metrics = {"qe-ebm/ce": ce.item(), "qe-ebm/energy": e.item(), **r.stats}
@@ -221,10 +227,10 @@ class QeEbm:
             raise QeebmError("qe.mode=dynamic trains the QE on references; the training corpus has none")
         tr, k, n = self.translator, self.k, len(batch.src)
         with torch.no_grad():
-            drawn = sample(tr, batch.src, k, self.gen,
+            drawn = sample(tr, batch.src, k, self.gen, decode=False,
                            enc={"input_ids": batch.input_ids, "attention_mask": batch.attention_mask})  # N*K rows
             tf = tr.teacher_forcing(drawn.sequences)
-            samples = self.texts(drawn.tokens, tf["labels"] != -100)
+            samples = self.energy.bridge.decode(drawn.tokens, tf["labels"] != -100)  # the texts the QE sees
             # log pbar: the noise distribution's (translator's) smoothed mean token log-probability.
             logp_ref = self.mean_logprob(batch.input_ids, batch.attention_mask, batch.labels)  # [N]
             logp_smp = self.mean_logprob(drawn.input_ids, drawn.attention_mask, tf["labels"], tf["decoder_input_ids"])  # [N*K]
@@ -248,16 +254,11 @@ class QeEbm:
         """``[B]`` label-smoothed mean token log-probability of ``labels`` under the translator (eval
         mode, like the sampler). Without ``decoder_input_ids`` the model builds them from ``labels``
         (right for references, which always end in ``</s>``)."""
-        model = self.translator.model
-        was_training = model.training
-        model.eval()
-        try:
+        with eval_mode(self.translator.model) as model:
             if decoder_input_ids is None:
                 logits = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).logits
             else:
                 logits = model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids).logits
-        finally:
-            model.train(was_training)
         nll = F.cross_entropy(_upcast(logits).transpose(1, 2), labels, ignore_index=-100,
                               label_smoothing=self.q.label_smoothing, reduction="none")  # [B, T]
         return -nll.sum(1) / (labels != -100).sum(1).clamp(min=1)
@@ -282,14 +283,6 @@ class QeEbm:
                 p.requires_grad_(False)
 
     # ------------------------------------------------------------------------------- helpers
-    def texts(self, mt_ids: torch.Tensor, mt_mask: torch.Tensor) -> list[str]:
-        """The text the QE sees: emitted ids up to the first ``</s>``, specials and ids the tokenizer
-        does not know dropped (the bridge's rule)."""
-        tok = self.translator.tokenizer
-        n_known = len(tok)
-        rows = [[i for i, m in zip(ids, mask) if m and i < n_known] for ids, mask in zip(mt_ids.tolist(), mt_mask.tolist())]
-        return tok.batch_decode(rows, skip_special_tokens=True)
-
     def state_dict(self) -> dict:
         """QE-dynamic: the trainable QE parameters and the QE optimiser (nothing for QE-static)."""
         if not self.dynamic:

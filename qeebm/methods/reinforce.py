@@ -27,11 +27,10 @@ from qeebm.methods.sampling import Samples, mono_sources, sample, sampling_confi
 from qeebm.methods.sft import SFT
 from qeebm.rl import (
     RunningMeanBaseline,
-    masked_moments,
+    normalise_rewards,
     policy_gradient_loss,
     rloo_baseline,
     sequence_logprobs,
-    whiten,
 )
 
 
@@ -150,14 +149,9 @@ class Reinforce:
         centred = [r.rewards - b for r, b in zip(rollouts, baselines)]
         scaling = self.c.reward_scaling
         if scaling != "none":
+            # The scale (largest |centred reward|, or the moments) is the whole step's.
             everything = gather(torch.cat([c.flatten() for c in centred]))
-            if scaling == "max_abs":
-                # rl.normalise_rewards' "max_abs", with the largest |centred reward| of the whole step.
-                scale = everything.abs().max().clamp(min=1e-8)
-                centred = [c / scale for c in centred]
-            else:
-                moments = masked_moments(everything)
-                centred = [whiten(c, moments=moments) for c in centred]
+            centred = [normalise_rewards(c, scaling=scaling, stats=everything) for c in centred]
         for r, b, a in zip(rollouts, baselines, centred):
             r.baselines, r.advantages = b, a
         return rollouts

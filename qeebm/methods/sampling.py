@@ -23,7 +23,7 @@ def sampling_config(c) -> GenerationConfig:
 class Samples:
     """K samples of each of N sources, B = N * K rows, the samples of one source adjacent.
 
-    ``src``: B source texts; ``hyps``: B decoded samples.
+    ``src``: B source texts; ``hyps``: B decoded samples (None when ``sample`` was told not to decode).
     ``input_ids``, ``attention_mask``: [B, S] the sources, each repeated K times.
     ``sequences``: [B, T+1] what ``generate_ids`` returned (``</s>``, language code, tokens..., pad).
     ``mask`` [B, T]: the policy's actions among the emitted tokens: up to and including the first
@@ -31,7 +31,7 @@ class Samples:
     """
 
     src: list[str]
-    hyps: list[str]
+    hyps: list[str] | None
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
     sequences: torch.Tensor
@@ -50,9 +50,11 @@ class Samples:
 
 
 @torch.no_grad()
-def sample(translator, src: list[str], k: int, gen: GenerationConfig, enc: dict | None = None) -> Samples:
+def sample(translator, src: list[str], k: int, gen: GenerationConfig, enc: dict | None = None,
+           decode: bool = True) -> Samples:
     """``k`` samples of each of ``src``; ``enc`` (input_ids, attention_mask on the translator's
-    device) saves re-tokenising sources that are already encoded."""
+    device) saves re-tokenising sources that are already encoded; ``decode=False`` leaves ``hyps``
+    None for callers that decode the tokens their own way."""
     if enc is None:
         enc = {key: v.to(translator.device) for key, v in translator.encode(src).items()}
     tok = translator.tokenizer
@@ -61,7 +63,7 @@ def sample(translator, src: list[str], k: int, gen: GenerationConfig, enc: dict 
                                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)  # [B, T+1]
     return Samples(
         src=[s for s in src for _ in range(k)],
-        hyps=translator.decode(sequences),
+        hyps=translator.decode(sequences) if decode else None,
         input_ids=enc["input_ids"].repeat_interleave(k, dim=0),
         attention_mask=enc["attention_mask"].repeat_interleave(k, dim=0),
         sequences=sequences,

@@ -24,15 +24,26 @@ class SFT:
         return batch
 
     def loss(self, batch: Batch) -> StepOutput:
-        # Passing labels lets each model family build its own decoder inputs (mBART rotates the
-        # language code, NLLB prepends </s>); the model's own mean loss is ignored.
-        logits = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, labels=batch.labels).logits
-        logits = logits.float().flatten(0, 1)
-        labels = batch.labels.flatten()
-        # Sum, then divide by the step's token count: micro-batches and processes then add up
-        # to the full-batch per-token mean whatever the split.
-        total = max(batch.global_tokens, 1)
-        loss = F.cross_entropy(logits, labels, ignore_index=-100, label_smoothing=self.label_smoothing, reduction="sum") / total
-        with torch.no_grad():
-            nll = F.cross_entropy(logits, labels, ignore_index=-100, reduction="sum") / total
+        loss, nll = label_smoothed_ce(self.model, batch, self.label_smoothing, with_nll=True)
         return StepOutput(loss=loss, metrics={"sft/loss": loss.item(), "sft/nll": nll.item()})
+
+
+def label_smoothed_ce(model: torch.nn.Module, batch: Batch, label_smoothing: float, upcast=torch.Tensor.float,
+                      with_nll: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The labelled batch's label-smoothed cross-entropy, this micro-batch's contribution to the step's
+    per-token mean, and (``with_nll``) the plain NLL the same way, without gradient (else None).
+    ``upcast`` maps the logits to the dtype the loss is computed in."""
+    # Passing labels lets each model family build its own decoder inputs (mBART rotates the
+    # language code, NLLB prepends </s>); the model's own mean loss is ignored.
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, labels=batch.labels).logits
+    logits = upcast(logits).flatten(0, 1)
+    labels = batch.labels.flatten()
+    # Sum, then divide by the step's token count: micro-batches and processes then add up
+    # to the full-batch per-token mean whatever the split.
+    total = max(batch.global_tokens, 1)
+    loss = F.cross_entropy(logits, labels, ignore_index=-100, label_smoothing=label_smoothing, reduction="sum") / total
+    if not with_nll:
+        return loss, None
+    with torch.no_grad():
+        nll = F.cross_entropy(logits, labels, ignore_index=-100, reduction="sum") / total
+    return loss, nll

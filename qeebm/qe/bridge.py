@@ -204,6 +204,18 @@ class Bridge(nn.Module):
         return out.index_put((rows, qe_pos), (d * weight[:, None]).to(out.dtype), accumulate=True)
 
     # ----------------------------------------------------------------------------- alignment
+    def decode(self, mt_ids: Tensor, mt_mask: Tensor) -> list[str]:
+        """``[B, T]`` translator ids and validity mask -> the B texts the QE sees (``Alignment.texts``):
+        masked-in ids the tokenizer knows, decoded with special tokens skipped."""
+        return self._decode_rows(mt_ids.detach().cpu().tolist(), mt_mask.detach().cpu().bool().tolist())
+
+    def _decode_rows(self, ids_rows: list[list[int]], mask_rows: list[list[bool]]) -> list[str]:
+        if self.nmt_tokenizer is None:
+            raise RuntimeError("this bridge has no tokenizers (built with from_sparse_map)")
+        n_known = len(self.nmt_tokenizer)
+        return [self.nmt_tokenizer.decode([i for i, m in zip(ids, mask) if m and i < n_known], skip_special_tokens=True)
+                for ids, mask in zip(ids_rows, mask_rows)]
+
     def align(self, mt_ids: Tensor, mt_mask: Tensor, max_length: int) -> Alignment:
         """Decode each row, tokenise it as comet does, and align QE positions to translator steps.
 
@@ -211,16 +223,13 @@ class Bridge(nn.Module):
         never reach the text). ``max_length``: comet's per-segment ``max_length`` (``max_positions - 2``,
         counting ``<s>`` and ``</s>``).
         """
-        if self.nmt_tokenizer is None:
-            raise RuntimeError("this bridge has no tokenizers (built with from_sparse_map)")
         ids_rows = mt_ids.detach().cpu().tolist()
         mask_rows = mt_mask.detach().cpu().bool().tolist()
+        texts = self._decode_rows(ids_rows, mask_rows)
         n_known = len(self.nmt_tokenizer)
-        steps, contents, texts = [], [], []
+        steps, contents = [], []
         for ids, mask in zip(ids_rows, mask_rows):
-            row = [(t, i) for t, (i, m) in enumerate(zip(ids, mask)) if m]
-            texts.append(self.nmt_tokenizer.decode([i for _, i in row if i < n_known], skip_special_tokens=True))
-            row = [(t, i) for t, i in row if i not in self._special_set and i < n_known]
+            row = [(t, i) for t, (i, m) in enumerate(zip(ids, mask)) if m and i not in self._special_set and i < n_known]
             steps.append([t for t, _ in row])
             contents.append([i for _, i in row])
         enc = self.qe_tokenizer(texts, truncation=True, max_length=max_length, return_offsets_mapping=True)

@@ -77,7 +77,8 @@ class KiwiEnergy(nn.Module):
 
     # ---------------------------------------------------------------------------- the energy
     def forward(self, src: list[str], mt_ids: Tensor, mt_mask: Tensor, logits: Tensor,
-                relaxation: str = "st", tau: float = 1.0, generator: torch.Generator | None = None) -> Tensor:
+                relaxation: str = "st", tau: float = 1.0, generator: torch.Generator | None = None,
+                alignment: Alignment | None = None) -> Tensor:
         """Energy ``[B]`` (= -QE score) of each translation.
 
         src:     B source strings.
@@ -101,6 +102,8 @@ class KiwiEnergy(nn.Module):
                 keep their emitted token.
         tau:     temperature of "gumbel-st" (ignored otherwise).
         generator: optional RNG for the Gumbel noise.
+        alignment: ``self.align(mt_ids, mt_mask)`` when the caller already has it (saves decoding and
+                 aligning again); not used by "gumbel-st", whose forward tokens are resampled.
         """
         if relaxation not in RELAXATIONS:
             raise ValueError(f"relaxation must be one of {RELAXATIONS}, got {relaxation!r}")
@@ -110,16 +113,24 @@ class KiwiEnergy(nn.Module):
         if len(src) != mt_ids.shape[0]:
             raise ValueError(f"{len(src)} sources for {mt_ids.shape[0]} translations")
         probs, forward_ids = self._relax(logits, mt_ids, mt_mask, relaxation, tau, generator)
-        alignment = self.bridge.align(forward_ids, mt_mask, self.max_positions - 2)
+        if alignment is None or relaxation == "gumbel-st":
+            alignment = self.align(forward_ids, mt_mask)
         self.last_alignment = alignment
         return -self._score(src, alignment, probs=probs, forward_ids=forward_ids, relaxation=relaxation)
 
     @torch.no_grad()
-    def score_ids(self, src: list[str], mt_ids: Tensor, mt_mask: Tensor) -> Tensor:
+    def score_ids(self, src: list[str], mt_ids: Tensor, mt_mask: Tensor, alignment: Alignment | None = None) -> Tensor:
         """QE scores ``[B]`` (not energies) of the decoded translations, without gradients; equal to
-        comet's ``predict`` on ``translator.tokenizer.decode(mt_ids, skip_special_tokens=True)``."""
-        alignment = self.bridge.align(mt_ids, mt_mask, self.max_positions - 2)
+        comet's ``predict`` on ``translator.tokenizer.decode(mt_ids, skip_special_tokens=True)``.
+        ``alignment``: ``self.align(mt_ids, mt_mask)`` if the caller already has it."""
+        if alignment is None:
+            alignment = self.align(mt_ids, mt_mask)
         return self._score(src, alignment)
+
+    def align(self, mt_ids: Tensor, mt_mask: Tensor) -> Alignment:
+        """The bridge's alignment of these translations with comet's per-segment truncation (their
+        decoded text is ``.texts``)."""
+        return self.bridge.align(mt_ids, mt_mask, self.max_positions - 2)
 
     # ------------------------------------------------------------------------------ internals
     def _relax(self, logits, mt_ids, mt_mask, relaxation, tau, generator):
