@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from qeebm.config import GenerationConfig, LoraConfig, ModelConfig
-from qeebm.errors import QeebmError
+from qeebm.errors import QeebmError, first_line
 from qeebm.langcodes import to_model_code
 
 log = logging.getLogger(__name__)
@@ -53,7 +53,7 @@ def _local_dir(name: str) -> Path | None:
 
 
 def _hub_error(name: str, err: Exception) -> QeebmError:
-    detail = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    detail = first_line(err)
     return QeebmError(
         f"cannot load translator '{name}': there is no local directory of that name and no model hub "
         f"is reachable (offline or not cached); pass a local model directory ({detail})"
@@ -66,10 +66,10 @@ def _from_pretrained(loader, name: str, local: Path | None, what: str, **kwargs)
     except OSError as err:
         if local is None:
             raise _hub_error(name, err) from None
-        raise QeebmError(f"cannot load {what} from '{local}': {str(err).strip().splitlines()[0]}") from None
+        raise QeebmError(f"cannot load {what} from '{local}': {first_line(err)}") from None
     except (ValueError, TypeError) as err:
         # transformers reports a directory without the needed files this way too (e.g. no vocab file).
-        raise QeebmError(f"cannot load {what} from '{name}': {str(err).strip().splitlines()[0]}") from None
+        raise QeebmError(f"cannot load {what} from '{name}': {first_line(err)}") from None
 
 
 def _load_weights(name: str, local: Path | None, config, dropout: float | None):

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from qeebm.qe.bridge import Alignment, Bridge
+from qeebm.qe.scoring import kiwi_row, pad_rows
 
 RELAXATIONS = ("st", "softmax", "gumbel-st")
 
@@ -153,24 +154,15 @@ class KiwiEnergy(nn.Module):
         weight = encoder.embeddings.word_embeddings.weight  # [V_qe, H]
         device = weight.device
 
-        # comet: encoder.prepare_sample(src), then concat_sequences drops <s>/</s> and padding.
-        src_ids = tok(list(src), truncation=True, max_length=max_positions - 2)["input_ids"]
+        # comet: encoder.prepare_sample(src), then concat_sequences drops <s>/</s> and padding. The K
+        # samples of a source share it, so each distinct source is tokenised once.
         pad = tok.pad_token_id
-        seqs = []
-        for mt, s in zip(alignment.qe_ids, src_ids):
-            s = [i for i in s if i != pad]  # a literal "<pad>" in the text is dropped, as comet does
-            seq = tok.build_inputs_with_special_tokens(mt, s[1:-1])
-            # comet cuts to max_positions only when the content exceeds max_positions - 5; shorter
-            # content gives at most max_positions - 1 tokens with the four specials, so an
-            # unconditional cut is the same rule.
-            seqs.append(seq[:max_positions])
-        length = max(len(s) for s in seqs)
-        ids = torch.full((len(seqs), length), tok.pad_token_id, dtype=torch.long)
-        for b, seq in enumerate(seqs):
-            ids[b, : len(seq)] = torch.tensor(seq, dtype=torch.long)
-        lengths = torch.tensor([len(s) for s in seqs])
-        mask = torch.arange(length)[None, :] < lengths[:, None]  # comet's bool mask
-        ids, mask = ids.to(device), mask.to(device)
+        unique = list(dict.fromkeys(src))
+        src_ids = tok(unique, truncation=True, max_length=max_positions - 2)["input_ids"]
+        # a literal "<pad>" in the text is dropped, as comet does
+        content = {s: [i for i in ids if i != pad][1:-1] for s, ids in zip(unique, src_ids)}
+        seqs = [kiwi_row(tok, mt, content[s], max_positions) for mt, s in zip(alignment.qe_ids, src)]
+        ids, mask = pad_rows(seqs, pad, device)
         # The position ids XLM-R derives from token ids (pads keep padding_idx); with inputs_embeds it
         # would number the pads too.
         pad_idx = encoder.embeddings.padding_idx
@@ -182,7 +174,7 @@ class KiwiEnergy(nn.Module):
             # The longest mt segment always fits: it is at most max_positions - 4 tokens long.
             mt_len = max(1, max(len(m) for m in alignment.qe_ids))
             shift = self.bridge.shift(weight, probs, forward_ids, alignment, mt_len, relaxation)
-            embeds = embeds + F.pad(shift, (0, 0, 1, length - 1 - mt_len))
+            embeds = embeds + F.pad(shift, (0, 0, 1, ids.shape[1] - 1 - mt_len))
 
         out = encoder(inputs_embeds=embeds, attention_mask=mask, position_ids=position_ids,
                       output_hidden_states=True, return_dict=True)
