@@ -48,10 +48,14 @@ class Batch:
 class StepOutput:
     """``loss``: this micro-batch's contribution to the step's objective (a scalar with a graph).
     ``metrics``: contributions too, keyed ``<method>/<name>``; the loop sums them over micro-steps
-    and processes."""
+    and processes.
+    ``terms``: the weighted parts of ``loss`` (they sum to it), by name, e.g.
+    ``{"ce": alpha * ce, "energy": beta * e}``. The loop's gradient diagnostics compare their
+    gradients (norms, ratio and cosine against ``"ce"``); empty for a single-term loss."""
 
     loss: torch.Tensor
     metrics: dict[str, float] = field(default_factory=dict)
+    terms: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 class Method(Protocol):
