@@ -1,11 +1,18 @@
 """Training checkpoints: write atomically, find the newest, restore everything a resume needs.
 
 A checkpoint is ``<run_dir>/checkpoints/step-XXXXXXX/`` holding ``model.pt`` (state dict of the
-unwrapped model), ``optimizer.pt``, ``scheduler.pt``, ``state.json`` (the loop's counters), one
-``rng-<rank>.pt`` per process and, for a method that owns state (``state_dict``/``load_state_dict``:
-QE-dynamic's QE and its optimiser), ``method.pt``. It is assembled in a hidden temporary directory and renamed into place
-only when every file is written, so an interrupted save leaves the previous checkpoint as the newest
-complete one; resume ignores anything that is not a ``step-*`` directory.
+unwrapped model), ``optimizer.pt`` (under DeepSpeed one ``optimizer-<rank>.pt`` per process: each
+holds its partition), ``scheduler.pt``, ``state.json`` (the loop's counters), one ``rng-<rank>.pt``
+per process and, for a method that owns state (``state_dict``/``load_state_dict``: QE-dynamic's QE
+and its optimiser), ``method.pt``. It is assembled in a hidden temporary directory and renamed into
+place only when every process has written its files, so a failed or interrupted save leaves the
+previous checkpoint as the newest complete one; resume ignores anything that is not a ``step-*``
+directory, and older checkpoints are pruned (``output.keep_last``) only after the new one is in place.
+
+Every file is read back with ``torch.load(weights_only=True)``: tensors and plain containers only,
+so a checkpoint from elsewhere cannot run code when loaded. DeepSpeed's optimiser partitions hold a
+few of DeepSpeed's own classes besides (its loss scaler); those, and nothing else, are allowed by
+name (``_deepspeed_safe_globals``).
 
 ``prepare_run_dir`` decides whether a run resumes: only from its own run directory, and only when
 the config there differs at most in keys that do not change the weights (``RESUMABLE_CHANGES``).
@@ -16,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pickle
 import random
 import re
 import shutil
@@ -129,37 +137,63 @@ def latest_checkpoint(root: Path) -> Path | None:
     return found[-1] if found else None
 
 
+def _all_ok(accelerator, ok: bool) -> bool:
+    """Whether ``ok`` holds on every process: a reduction instead of a barrier, so a process whose
+    write failed still meets the others (a barrier would leave them waiting forever)."""
+    if accelerator.num_processes == 1:
+        return ok
+    failed = torch.tensor([0.0 if ok else 1.0], device=accelerator.device)
+    return accelerator.reduce(failed, "sum").item() == 0
+
+
 def save_checkpoint(root: Path, step: int, *, model, optimizer, scheduler, state: dict, accelerator, keep_last: int,
-                    method_state: dict | None = None) -> Path:
+                    method_state: dict | None = None, optimizer_per_process: bool = False) -> Path:
     """Write checkpoint ``step`` under ``root`` from every process (collective: all must call).
 
     The main process writes the model, optimiser, scheduler and ``state``; every process writes its
-    own RNG file into the same temporary directory; the main process renames it into place once all
-    are done and then keeps only the newest ``keep_last`` checkpoints (``keep_last`` < 1 keeps all).
-    ``method_state`` (the method's ``state_dict()``, the same on every process) goes to ``method.pt``.
+    own RNG file (and, with ``optimizer_per_process``, its optimiser partition: DeepSpeed) into the
+    same temporary directory; the main process renames it into place once all succeeded and then
+    keeps only the newest ``keep_last`` checkpoints (``keep_last`` < 1 keeps all). ``method_state``
+    (the method's ``state_dict()``, the same on every process) goes to ``method.pt``.
+
+    A failed write (disk full, no permission) on any process removes the temporary directory and
+    raises ``QeebmError`` naming the checkpoint and the cause on every process; the previous
+    checkpoints are untouched.
     """
     root, final = Path(root), step_dir(root, step)
     tmp = root / f".tmp-{final.name}"
+    rank = accelerator.process_index
+    error: BaseException | None = None
     if accelerator.is_main_process:
-        root.mkdir(parents=True, exist_ok=True)
-        for stale in root.glob(".tmp-*"):
-            shutil.rmtree(stale, ignore_errors=True)
-        tmp.mkdir()
-    accelerator.wait_for_everyone()
-    try:
-        torch.save(rng_state(), tmp / f"rng-{accelerator.process_index}.pt")
-        if accelerator.is_main_process:
-            torch.save(accelerator.unwrap_model(model).state_dict(), tmp / "model.pt")
-            torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-            torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
-            (tmp / "state.json").write_text(json.dumps(state, indent=1), encoding="utf-8")
-            if method_state is not None:
-                torch.save(method_state, tmp / "method.pt")
-    except BaseException:
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            for stale in root.glob(".tmp-*"):
+                shutil.rmtree(stale, ignore_errors=True)
+            tmp.mkdir()
+        except OSError as err:
+            error = err
+    if _all_ok(accelerator, error is None):
+        try:
+            torch.save(rng_state(), tmp / f"rng-{rank}.pt")
+            if optimizer_per_process:
+                torch.save(optimizer.state_dict(), tmp / f"optimizer-{rank}.pt")
+            if accelerator.is_main_process:
+                torch.save(accelerator.get_state_dict(model), tmp / "model.pt")
+                if not optimizer_per_process:
+                    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+                torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+                (tmp / "state.json").write_text(json.dumps(state, indent=1), encoding="utf-8")
+                if method_state is not None:
+                    torch.save(method_state, tmp / "method.pt")
+        except Exception as err:  # noqa: BLE001 - any failure of a write is reported below, on every process
+            error = err
+    if not _all_ok(accelerator, error is None):
         if accelerator.is_main_process:
             shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    accelerator.wait_for_everyone()
+        previous = latest_checkpoint(root)
+        cause = f"{type(error).__name__}: {error}" if error is not None else "a write failed on another process"
+        raise QeebmError(f"could not write checkpoint {final}: {cause}; the previous checkpoint "
+                         f"({previous if previous is not None else 'none'}) is untouched") from error
     if accelerator.is_main_process:
         _replace_dir(tmp, final)
         if keep_last > 0:
@@ -188,13 +222,51 @@ def read_state(path: Path) -> dict:
     return json.loads((Path(path) / "state.json").read_text(encoding="utf-8"))
 
 
-def load_checkpoint(path: Path, *, model, optimizer, scheduler) -> dict:
-    """Load model, optimiser and scheduler state from ``path`` in place; return the loop state.
-    RNG states are restored separately (``restore_rng``), as the last thing before training."""
+def load_file(path: Path):
+    """``torch.load`` of one checkpoint file, tensors and plain containers only (``weights_only``):
+    a pickle that would run code or build other objects is refused with a one-line error."""
+    try:
+        with torch.serialization.safe_globals(_deepspeed_safe_globals()):
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise QeebmError(f"{path}: refused to load: it holds more than tensors and plain containers ({first})") from None
+
+
+def _deepspeed_safe_globals() -> list:
+    """DeepSpeed's own classes in its ZeRO optimiser's state dict (a loss scaler, ...), when it is
+    installed: plain records, allowed by name. Nothing else besides tensors and containers loads."""
+    try:
+        from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+    except ImportError:
+        return []
+    return [LossScaler, DynamicLossScaler]
+
+
+def load_model(path: Path, model) -> None:
+    """The checkpoint's weights into ``model`` (the unwrapped translator), in place."""
+    model.load_state_dict(load_file(Path(path) / "model.pt"))
+
+
+def load_training_state(path: Path, *, optimizer, scheduler, accelerator) -> dict:
+    """Optimiser and scheduler state from ``path`` (into the prepared optimiser); return the loop
+    state. RNG states are restored separately (``restore_rng``), as the last thing before training."""
     path = Path(path)
-    model.load_state_dict(torch.load(path / "model.pt", map_location="cpu", weights_only=True))
-    optimizer.load_state_dict(torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True))
-    scheduler.load_state_dict(torch.load(path / "scheduler.pt", map_location="cpu", weights_only=True))
+    if (path / "optimizer.pt").is_file():
+        optimizer.load_state_dict(load_file(path / "optimizer.pt"))
+    else:
+        # DeepSpeed: every process reads its own partition, which only fits the same process count.
+        rank, world = accelerator.process_index, accelerator.num_processes
+        written = len(list(path.glob("optimizer-*.pt")))
+        if written != world or not (path / f"optimizer-{rank}.pt").is_file():
+            raise QeebmError(f"cannot resume from {path}: its optimiser state is split over {written} DeepSpeed "
+                             f"process(es); resume with {written}, not {world}")
+        parts: list = [None] * world
+        parts[rank] = load_file(path / f"optimizer-{rank}.pt")
+        # The ZeRO optimiser's own loader; fp32 master weights from the partition, not the model.
+        inner = getattr(optimizer, "optimizer", optimizer)
+        inner.load_state_dict(parts, load_from_fp32_weights=True)
+    scheduler.load_state_dict(load_file(path / "scheduler.pt"))
     return read_state(path)
 
 
@@ -205,7 +277,7 @@ def load_method_state(path: Path, method) -> None:
     file = Path(path) / "method.pt"
     if not file.is_file():
         raise QeebmError(f"cannot resume from {path}: it has no method.pt with the state of method '{getattr(method, 'name', '?')}'")
-    method.load_state_dict(torch.load(file, map_location="cpu", weights_only=True))
+    method.load_state_dict(load_file(file))
 
 
 def restore_rng(path: Path, rank: int) -> bool:
@@ -214,7 +286,7 @@ def restore_rng(path: Path, rank: int) -> bool:
     file = Path(path) / f"rng-{rank}.pt"
     if not file.is_file():
         return False
-    set_rng_state(torch.load(file, weights_only=True))
+    set_rng_state(load_file(file))
     return True
 
 

@@ -108,6 +108,9 @@ class OptimConfig:
     max_grad_norm: float = 0.5  # 0 disables clipping
     mixed_precision: str = "no"  # no | fp16 | bf16
     label_smoothing: float = 0.1
+    # A step whose loss or gradient norm is not finite is skipped (no weight, optimiser or schedule
+    # change), counted and logged; this many in a row stop the run (0 = never stop).
+    max_nonfinite_steps: int = 5
 
 
 @dataclass
@@ -136,8 +139,13 @@ class EvalConfig:
 
 @dataclass
 class LoggingConfig:
+    """Where the training metrics go besides ``metrics.jsonl``: ``report_to`` takes any of
+    accelerate's trackers (tensorboard, wandb, mlflow, comet_ml, aim, clearml, dvclive, ...); an empty
+    list logs to metrics.jsonl alone. wandb runs offline with WANDB_MODE=offline; mlflow writes to
+    the run directory unless MLFLOW_TRACKING_URI says otherwise."""
+
     every: int = 10
-    tensorboard: bool = True
+    report_to: list[str] = field(default_factory=lambda: ["tensorboard"])
     progress_bar: bool = True
 
 
@@ -148,6 +156,10 @@ class OutputConfig:
     keep_last: int = 2  # periodic checkpoints kept (the best one is kept separately)
     # Continue from the newest checkpoint in run_dir when there is one.
     resume: bool = True
+    # Signals that preempt a run (SLURM and Kubernetes send SIGTERM; SLURM's --signal often SIGUSR1):
+    # the current step finishes, a checkpoint is written and the run exits 0, to be resumed by the
+    # same command. An empty list leaves the signals' default actions alone.
+    preempt_signals: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1"])
 
 
 @dataclass

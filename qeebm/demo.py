@@ -67,7 +67,7 @@ def run_overrides(name: str, world: Path, run_dir: Path, b: dict, seed: int) -> 
         f"output.run_dir={run_dir}",
         f"output.save_every={steps}",
         "logging.progress_bar=false",
-        "logging.tensorboard=false",
+        "logging.report_to=[]",
     ]
 
 

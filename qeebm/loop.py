@@ -9,7 +9,6 @@ backpropagates what comes back (docs/design.md: batches and loss normalisation).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import math
@@ -18,17 +17,31 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-from accelerate import Accelerator
+from accelerate.tracking import LOGGER_TYPE_TO_CLASS, get_available_trackers
 from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 from transformers import get_scheduler
 
 from qeebm import checkpoint as ckpt
-from qeebm.config import Config
+from qeebm.backends import (
+    APPLIED,
+    NONFINITE,
+    OVERFLOW,
+    PreparedModel,
+    agree_finite,
+    apply_update,
+    backward,
+    configure_deepspeed,
+    deepspeed_engine,
+    make_accelerator,
+    micro_step,
+)
+from qeebm.config import Config, to_dict
 from qeebm.data import StepSampler, filter_corpus, read_corpus
 from qeebm.errors import QeebmError
 from qeebm.evaluate import corpus_metrics, corpus_nll, translate_corpus
 from qeebm.methods import METHODS, Batch
+from qeebm.preemption import Preemption
 from qeebm.translator import Translator, eval_mode
 
 log = logging.getLogger("qeebm.loop")
@@ -43,6 +56,7 @@ class TrainResult:
     step: int
     best_metric: float | None
     best_path: Path | None
+    preempted: bool = False  # stopped by a signal (output.preempt_signals); the same command resumes
 
 
 @dataclass
@@ -54,13 +68,16 @@ class LoopState:
     bad_evals: int = 0  # validations since the last improvement
     elapsed: float = 0.0
     validations: list[dict] = field(default_factory=list)
+    nonfinite_steps: int = 0  # steps skipped for a non-finite loss or gradient norm, in all
+    nonfinite_in_a_row: int = 0  # ... and the current streak of them (optim.max_nonfinite_steps)
 
 
 def train(cfg: Config) -> TrainResult:
-    accelerator = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision=cfg.optim.mixed_precision)
+    run_dir = Path(cfg.output.run_dir)
+    check_trackers(cfg)
+    accelerator = make_accelerator(cfg, run_dir)
     set_seed(cfg.seed)
     check_config(cfg, accelerator.num_processes)
-    run_dir = Path(cfg.output.run_dir)
     resume_from = ckpt.prepare_run_dir(cfg, run_dir, accelerator)
     handler = _FileLog(run_dir / "train.log") if accelerator.is_main_process else None
     metrics_log = None
@@ -69,23 +86,30 @@ def train(cfg: Config) -> TrainResult:
         train_set, dev_set = load_data(cfg, translator)
 
         model = translator.model
-        # The model is prepared (placed, DDP-wrapped) before the method is built and the optimiser
-        # after it: a method may own trainable parameters (PPO's value head, ``extra_parameters``)
-        # that the one optimiser, the clipping and the checkpoints must cover. No DataLoader: the
-        # step sampler already gives each process its slice.
-        prepared = accelerator.prepare_model(model)
-        method = METHODS[cfg.method](cfg, translator, prepared)
+        # Model and optimiser go through accelerate in one call (DeepSpeed builds its engine only
+        # from both), and the optimiser covers the method's own trainable parameters (PPO's value
+        # head, ``extra_parameters``): so the method is built first, on the device, with a handle
+        # that becomes the prepared model (backends.PreparedModel). No DataLoader: the step sampler
+        # already gives each process its slice.
+        translator.to(accelerator.device)
+        handle = PreparedModel()
+        method = METHODS[cfg.method](cfg, translator, handle)
         params = [p for p in model.parameters() if p.requires_grad] + list(getattr(method, "extra_parameters", list)())
         o = cfg.optim
         optimizer = torch.optim.AdamW(params, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
         # Not prepared by accelerate: its wrapper steps the schedule once per process.
         scheduler = get_scheduler(SCHEDULERS[o.scheduler], optimizer, num_warmup_steps=o.warmup_steps, num_training_steps=o.max_steps)
+        if resume_from is not None:
+            # Weights before prepare: DeepSpeed copies them into its own optimiser partitions there.
+            ckpt.load_model(resume_from, model)
+        configure_deepspeed(accelerator, cfg)
+        prepared, optimizer = accelerator.prepare(model, optimizer)
+        handle.bind(prepared)
         state = LoopState()
         if resume_from is not None:
-            state = LoopState(**ckpt.load_checkpoint(resume_from, model=model, optimizer=optimizer, scheduler=scheduler))
+            state = LoopState(**ckpt.load_training_state(resume_from, optimizer=optimizer, scheduler=scheduler, accelerator=accelerator))
             ckpt.load_method_state(resume_from, method)
             log.info("resuming from %s (step %d)", resume_from, state.step)
-        optimizer = accelerator.prepare_optimizer(optimizer)
         sampler = StepSampler(len(train_set.src), o.batch_size, cfg.seed)
         # The source-only pool gets its own stream (another seed), as pure in the step as the labelled one.
         mono = load_mono(cfg, translator) if getattr(method, "needs_mono", False) else None
@@ -116,7 +140,8 @@ def train(cfg: Config) -> TrainResult:
             state.elapsed = time.time() - start
             ckpt.save_checkpoint(run_dir / "checkpoints", state.step, model=prepared, optimizer=optimizer, scheduler=scheduler,
                                  state=asdict(state), accelerator=accelerator, keep_last=cfg.output.keep_last,
-                                 method_state=method.state_dict() if hasattr(method, "state_dict") else None)
+                                 method_state=method.state_dict() if hasattr(method, "state_dict") else None,
+                                 optimizer_per_process=deepspeed_engine(accelerator) is not None)
 
         def stopped_early() -> bool:
             return 0 < cfg.eval.patience <= state.bad_evals
@@ -124,20 +149,34 @@ def train(cfg: Config) -> TrainResult:
         start = time.time() - state.elapsed
         prepared.train()
         bar = tqdm(total=o.max_steps, initial=state.step, disable=not (accelerator.is_main_process and cfg.logging.progress_bar))
-        while state.step < o.max_steps and not stopped_early():
-            state.step += 1
-            metrics = train_step(state.step, cfg, accelerator, translator, prepared, method, optimizer, scheduler, sampler, train_set,
-                                 mono=mono, mono_sampler=mono_sampler)
-            bar.update(1)
-            bar.set_postfix(loss=f"{metrics['loss']:.4f}")
-            if state.step % cfg.logging.every == 0:
-                epoch = state.step * o.batch_size / len(train_set.src)
-                metrics_log.write(state.step, {"epoch": epoch, **metrics, "elapsed": time.time() - start})
-            if dev_set is not None and cfg.eval.every > 0 and state.step % cfg.eval.every == 0:
-                validate_and_select()
-            if cfg.output.save_every > 0 and state.step % cfg.output.save_every == 0:
-                save()
+        with Preemption(cfg.output.preempt_signals) as preemption:
+            while state.step < o.max_steps and not stopped_early():
+                state.step += 1
+                metrics = train_step(state.step, cfg, accelerator, translator, prepared, method, optimizer, scheduler, sampler,
+                                     train_set, mono=mono, mono_sampler=mono_sampler)
+                count_nonfinite(state, metrics, cfg, run_dir)
+                bar.update(1)
+                bar.set_postfix(loss=f"{metrics['loss']:.4f}")
+                if state.step % cfg.logging.every == 0:
+                    epoch = state.step * o.batch_size / len(train_set.src)
+                    metrics_log.write(state.step, {"epoch": epoch, **metrics, "elapsed": time.time() - start})
+                if dev_set is not None and cfg.eval.every > 0 and state.step % cfg.eval.every == 0:
+                    validate_and_select()
+                if cfg.output.save_every > 0 and state.step % cfg.output.save_every == 0:
+                    save()
+                if preemption.requested(accelerator):
+                    break
         bar.close()
+        if preemption.received is not None:
+            if not ckpt.step_dir(run_dir / "checkpoints", state.step).is_dir():
+                save()
+            message = (f"preempted by {preemption.received} after step {state.step} of {o.max_steps}: checkpoint "
+                       f"{ckpt.step_dir(run_dir / 'checkpoints', state.step)} written; run the same command to resume")
+            log.warning(message)
+            if accelerator.is_main_process:
+                print(message, flush=True)
+            return TrainResult(run_dir=run_dir, step=state.step, best_metric=state.best,
+                               best_path=run_dir / "best" if state.best is not None else None, preempted=True)
         if stopped_early():
             log.info("early stop at step %d: no %s improvement in %d validations", state.step, cfg.eval.metric, state.bad_evals)
         if dev_set is not None and not any(v["step"] == state.step for v in state.validations):
@@ -199,38 +238,71 @@ def train_step(step, cfg, accelerator, translator, model, method, optimizer, sch
     max_norm = cfg.optim.max_grad_norm if cfg.optim.max_grad_norm > 0 else math.inf
     updates: dict[str, float] = {"loss": 0.0}
     grad_norm = 0.0
+    outcomes = []
     for epoch in range(epochs):
         for part in range(minibatches):
+            losses = []
             for micro, rollout in enumerate(rollouts):
                 # Gradients are exchanged once, on the last micro-step.
-                with accelerator.no_sync(model) if micro < accum - 1 else contextlib.nullcontext():
+                with micro_step(accelerator, model, last=micro == accum - 1):
                     out = method.loss(minibatch(rollout, epoch, part) if minibatch is not None else rollout)
                     # DDP averages gradients over processes; the contributions must be summed.
-                    accelerator.backward(out.loss * world)
-                updates["loss"] += out.loss.item()
+                    backward(accelerator, out.loss * world)
+                losses.append(out.loss.item())
                 for key, value in out.metrics.items():
                     updates[key] = updates.get(key, 0.0) + float(value)
+            updates["loss"] += sum(losses)
             average_gradients(accelerator, extra)
-            grad_norm += float(accelerator.clip_grad_norm_(params, max_norm))
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            norm, outcome = apply_update(accelerator, optimizer, params, max_norm,
+                                         loss_finite=agree_finite(accelerator, all(map(math.isfinite, losses))))
+            grad_norm += norm
+            outcomes.append(outcome)
     lr = scheduler.get_last_lr()[0]
-    # One schedule step per optimiser step of the loop, however many updates it made (as TRL's PPO).
-    scheduler.step()
+    if NONFINITE in outcomes:
+        log_nonfinite(step, outcomes, every, mono_sampler.global_indices(step - 1) if mono is not None else None)
+    # One schedule step per optimiser step of the loop, however many updates it made (as TRL's PPO);
+    # none when an update was skipped, so a skipped step leaves the schedule where it was.
+    if all(outcome == APPLIED for outcome in outcomes):
+        scheduler.step()
     # Logged: the mean over updates of each update's total, plus the once-per-step metrics.
     n_updates = epochs * minibatches
     for key, value in updates.items():
         sums[key] = sums.get(key, 0.0) + value / n_updates
     keys = sorted(sums)
     totals = accelerator.reduce(torch.tensor([sums[k] for k in keys], dtype=torch.float64, device=accelerator.device), "sum")
-    # grad_norm is already the same on every process: not summed.
-    return {"lr": lr, "grad_norm": grad_norm / n_updates, **dict(zip(keys, totals.tolist()))}
+    # grad_norm is already the same on every process: not summed; so are the updates' outcomes.
+    return {"lr": lr, "grad_norm": grad_norm / n_updates, "nonfinite": float(outcomes.count(NONFINITE)),
+            "overflow": float(outcomes.count(OVERFLOW)), **dict(zip(keys, totals.tolist()))}
+
+
+def log_nonfinite(step, outcomes, labelled, mono) -> None:
+    """Name the examples of a step with a skipped update, so a bad batch can be found in the data."""
+    log.warning("step %d: %d of %d update(s) skipped for a non-finite loss or gradient norm; the step's examples: "
+                "training pairs %s%s", step, outcomes.count(NONFINITE), len(outcomes), list(labelled),
+                f", source-only sentences {list(mono)}" if mono is not None else "")
+
+
+def count_nonfinite(state: LoopState, metrics: dict, cfg, run_dir: Path) -> None:
+    """Keep the streak of steps with a skipped update; stop the run at ``optim.max_nonfinite_steps``
+    in a row. The weights are those of the last good step, and the checkpoints on disk stay as they are."""
+    if not metrics["nonfinite"]:
+        state.nonfinite_in_a_row = 0
+        return
+    state.nonfinite_steps += 1
+    state.nonfinite_in_a_row += 1
+    limit = cfg.optim.max_nonfinite_steps
+    if 0 < limit <= state.nonfinite_in_a_row:
+        last = ckpt.latest_checkpoint(run_dir / "checkpoints")
+        raise QeebmError(f"{state.nonfinite_in_a_row} steps in a row (to step {state.step}) had a non-finite loss or gradient "
+                         f"norm (optim.max_nonfinite_steps={limit}); stopped, the last good checkpoint is "
+                         f"{last if last is not None else 'none (none was written yet)'}; train.log names each step's examples")
 
 
 def average_gradients(accelerator, params) -> None:
     """Average gradients over processes, as DDP does for the model's own parameters: a method's
-    extra parameters live outside the DDP wrapper."""
-    if accelerator.num_processes == 1:
+    extra parameters live outside the DDP wrapper. DeepSpeed reduces every parameter of its
+    optimiser, the method's included."""
+    if accelerator.num_processes == 1 or deepspeed_engine(accelerator) is not None:
         return
     for p in params:
         if p.grad is not None:
@@ -319,13 +391,39 @@ class _FileLog:
         self.logger.setLevel(self.level)
 
 
+def check_trackers(cfg) -> None:
+    """Each of ``logging.report_to`` must be one of accelerate's trackers, and installed."""
+    installed = {str(t) for t in get_available_trackers()}
+    for name in cfg.logging.report_to:
+        if name not in LOGGER_TYPE_TO_CLASS:
+            raise QeebmError(f"logging.report_to: unknown tracker {name!r}; choose from {', '.join(sorted(LOGGER_TYPE_TO_CLASS))}")
+        if name not in installed:
+            raise QeebmError(f"logging.report_to: tracker {name!r} is not installed (pip install {name}), "
+                             "or leave it out of logging.report_to")
+
+
+def tracker_config(cfg) -> dict:
+    """The resolved config as the flat dotted scalars every tracker accepts (lists as strings)."""
+    def flat(d: dict, prefix: str = "") -> dict:
+        out = {}
+        for k, v in d.items():
+            if isinstance(v, dict):
+                out.update(flat(v, f"{prefix}{k}."))
+            else:
+                out[f"{prefix}{k}"] = v if isinstance(v, (int, float, str, bool)) else str(v)
+        return out
+
+    return flat(to_dict(cfg))
+
+
 class MetricsLog:
-    """metrics.jsonl (one JSON object per line) and TensorBoard, written by the main process only.
-    On resume, records past the checkpoint's step are dropped so the curves never hold a step twice."""
+    """metrics.jsonl (one JSON object per line) and the trackers of ``logging.report_to`` (through
+    accelerate), written by the main process only. On resume, records past the checkpoint's step
+    are dropped (TensorBoard: purged) so the curves never hold a step twice."""
 
     def __init__(self, run_dir: Path, cfg, accelerator, start_step: int):
         self.active = accelerator.is_main_process
-        self.path, self.tb = run_dir / "metrics.jsonl", None
+        self.path, self.accelerator = run_dir / "metrics.jsonl", None
         if not self.active:
             return
         kept, broken = [], 0
@@ -339,10 +437,12 @@ class MetricsLog:
         if broken:
             log.warning("%s: dropped %d unreadable line(s), most likely cut short by a crash", self.path, broken)
         ckpt.write_text_atomic(self.path, "".join(line + "\n" for line in kept))
-        if cfg.logging.tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.tb = SummaryWriter(str(run_dir / "tb"), purge_step=start_step + 1)
+        if cfg.logging.report_to:
+            self.accelerator = accelerator
+            accelerator.init_trackers("qeebm", config=tracker_config(cfg), init_kwargs={
+                "tensorboard": {"purge_step": start_step + 1},
+                "wandb": {"dir": str(run_dir), "name": run_dir.name},
+                "mlflow": {"run_name": run_dir.name}})
 
     def write(self, step: int, values: dict[str, float]) -> None:
         if not self.active:
@@ -350,10 +450,13 @@ class MetricsLog:
         with self.path.open("a", encoding="utf-8") as f:
             f.write(json.dumps({"step": step, **values}) + "\n")
         log.info("step %d: %s", step, " ".join(f"{k}={v:.4g}" for k, v in values.items() if k != "elapsed"))
-        if self.tb is not None:
-            for key, value in values.items():
-                self.tb.add_scalar(key if "/" in key else f"train/{key}", value, step)
+        if self.accelerator is not None:
+            self.accelerator.log({key if "/" in key else f"train/{key}": value for key, value in values.items()}, step=step)
 
     def close(self) -> None:
-        if self.tb is not None:
-            self.tb.close()
+        # Not accelerator.end_training(): it also ends the process group, which the next run of a
+        # recipe in this process still needs.
+        if self.accelerator is not None:
+            for tracker in self.accelerator.trackers:
+                tracker.finish()
+            self.accelerator.trackers = []

@@ -259,7 +259,7 @@ def build_plan(recipe: Recipe, args: argparse.Namespace) -> Plan:
         common += [f"model.src_lang={src}", f"model.tgt_lang={tgt}", f"model.name_or_path={tiny / choice.tiny}",
                    f"qe.path={tiny / 'qe/kiwi'}", 'optim.mixed_precision="no"', "optim.max_steps=4",
                    "optim.warmup_steps=0", "qe.warmup_steps=0", "eval.every=0", "eval.max_examples=16",
-                   "output.save_every=0", "logging.every=1", "logging.tensorboard=false", "logging.progress_bar=false"]
+                   "output.save_every=0", "logging.every=1", "logging.report_to=[]", "logging.progress_bar=false"]
     if args.steps is not None:
         common.append(f"optim.max_steps={args.steps}")
     scoped = {}

@@ -61,7 +61,7 @@ def write_tiny_world(root: Path) -> Path:
                   "grad_accum": 1, "max_grad_norm": 0.0, "weight_decay": 0.0},
         "generation": {"num_beams": 1, "max_new_tokens": 8, "batch_size": 8},
         "eval": {"every": 0, "max_examples": 8, "metric": "loss", "mode": "min"},
-        "logging": {"every": 1, "tensorboard": False, "progress_bar": False},
+        "logging": {"every": 1, "report_to": [], "progress_bar": False},
         "output": {"save_every": 0, "keep_last": 2},
     }
     path = root / "base.yaml"

@@ -3,6 +3,7 @@ that resume would trust, and a run directory refuses to continue under a differe
 
 from __future__ import annotations
 
+import errno
 import random
 from pathlib import Path
 
@@ -46,26 +47,33 @@ def test_interrupted_run_resumes_exactly(base, tmp_path):
     assert state["step"] == 6 and [v["step"] for v in state["validations"]] == [2, 3, 4, 6]
 
 
-def test_crash_while_saving_keeps_the_previous_checkpoint(base, tmp_path, monkeypatch):
+@pytest.mark.parametrize("failure", [RuntimeError("disk full"), OSError(errno.ENOSPC, "No space left on device"),
+                                     PermissionError(errno.EACCES, "Permission denied")], ids=["crash", "enospc", "eacces"])
+def test_failed_checkpoint_write_keeps_the_previous_checkpoint(base, tmp_path, monkeypatch, failure):
     run = tmp_path / "run"
-    cfg = make_config(base, run, "optim.max_steps=4", "output.save_every=2")
+    cfg = make_config(base, run, "optim.max_steps=4", "output.save_every=2", "output.keep_last=1")
     real_save = torch.save
     calls = {"n": 0}
 
-    def crashing_save(obj, f, *args, **kwargs):
+    def failing_save(obj, f, *args, **kwargs):
         calls["n"] += 1
         # Calls 1-4 write the step-2 checkpoint; the step-4 one dies halfway through a file.
         if calls["n"] == 6:
             Path(f).write_bytes(b"half a tensor")
-            raise RuntimeError("disk full")
+            raise failure
         return real_save(obj, f, *args, **kwargs)
 
-    monkeypatch.setattr(torch, "save", crashing_save)
-    with pytest.raises(RuntimeError, match="disk full"):
+    monkeypatch.setattr(torch, "save", failing_save)
+    with pytest.raises(QeebmError) as err:
         train(cfg)
     monkeypatch.setattr(torch, "save", real_save)
+    # The message names the checkpoint, the cause and the checkpoint that is left.
+    message = str(err.value)
+    assert str(ckpt.step_dir(run / "checkpoints", 4)) in message and str(failure) in message
+    assert f"previous checkpoint ({ckpt.step_dir(run / 'checkpoints', 2)}) is untouched" in message
+    # keep_last=1 pruned nothing: step 2 is still the newest complete checkpoint, and loadable.
     assert [p.name for p in ckpt.list_checkpoints(run / "checkpoints")] == ["step-0000002"]
-    assert ckpt.latest_checkpoint(run / "checkpoints").name == "step-0000002"
+    assert not list((run / "checkpoints").glob(".tmp-*"))
     for name in ("model.pt", "optimizer.pt", "scheduler.pt", "rng-0.pt"):
         load(run, 2, name)
 
@@ -73,8 +81,8 @@ def test_crash_while_saving_keeps_the_previous_checkpoint(base, tmp_path, monkey
     assert result.step == 4
     assert "resuming from" in (run / "train.log").read_text(encoding="utf-8")
     assert [r["step"] for r in read_metrics(run)] == [1, 2, 3, 4]
-    assert [p.name for p in ckpt.list_checkpoints(run / "checkpoints")] == ["step-0000002", "step-0000004"]
-    assert not list((run / "checkpoints").glob(".tmp-*"))
+    # Only now, with step 4 complete, is step 2 pruned.
+    assert [p.name for p in ckpt.list_checkpoints(run / "checkpoints")] == ["step-0000004"]
 
 
 def test_resume_refuses_a_different_config(base, tmp_path):

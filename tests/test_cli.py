@@ -39,7 +39,7 @@ def test_train_and_translate_on_the_micro_world(micro_world, tmp_path, capsys):
         f"data.train.path={micro_world / 'data/train.tsv'}",
         f"data.dev.path={micro_world / 'data/dev.tsv'}",
         "optim.max_steps=2", "optim.batch_size=4", "eval.every=0", "generation.num_beams=1",
-        f"output.run_dir={run}", "logging.tensorboard=false",
+        f"output.run_dir={run}", "logging.report_to=[]",
     ]
     assert main(["train", *overrides]) == 0
     assert (run / "final" / "config.json").is_file() and (run / "best" / "config.json").is_file()

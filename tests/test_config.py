@@ -39,7 +39,7 @@ def test_int_widens_to_float_but_not_the_reverse():
         ("optimm.lr=1", "unknown config key 'optimm' (did you mean 'optim'?)"),
         ("model.lora.rr=4", "unknown config key 'model.lora.rr' (did you mean 'model.lora.r'?)"),
         ("optim.lr=fast", "config key 'optim.lr' must be float, got 'fast'"),
-        ("logging.tensorboard=3", "config key 'logging.tensorboard' must be bool, got 3"),
+        ("logging.progress_bar=3", "config key 'logging.progress_bar' must be bool, got 3"),
         ("model.lora.target_modules=q_proj", "config key 'model.lora.target_modules' must be a list"),
         ("optim.betas=[0.9]", "config key 'optim.betas' must be a list of 2 values"),
         ("optim.scheduler=cos", "config key 'optim.scheduler' must be one of linear, cosine, constant"),

@@ -100,7 +100,7 @@ def test_clipping_bounds_the_first_update(base, tmp_path):
 
 def test_run_directory_holds_config_metrics_best_and_final(base, tmp_path):
     cfg = make_config(base, tmp_path / "run", "optim.max_steps=4", "eval.every=2", "output.save_every=1",
-                      "logging.tensorboard=true", "eval.metric=chrf", "eval.mode=max")
+                      "logging.report_to=[tensorboard]", "eval.metric=chrf", "eval.mode=max")
     result = train(cfg)
     run = Path(cfg.output.run_dir)
     assert (run / "config.yaml").read_text(encoding="utf-8") == dump_config(cfg)

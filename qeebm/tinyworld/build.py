@@ -185,7 +185,7 @@ def base_config(world: Path, seed: int, spec: WorldSize, init_dir: Path, run_dir
         f"output.run_dir={run_dir}",
         f"output.save_every={spec.train_steps}",
         "output.resume=false",
-        "logging.tensorboard=false",
+        "logging.report_to=[]",
         "logging.progress_bar=false",
     ]
     return load_config(overrides=overrides)
