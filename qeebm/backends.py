@@ -54,9 +54,10 @@ def make_accelerator(cfg, run_dir) -> Accelerator:
     deepspeed = _env_flag("ACCELERATE_USE_DEEPSPEED")
     gpu = torch.cuda.is_available()
     kwargs = {}
-    if deepspeed and not gpu:
+    if deepspeed and not gpu and int(os.environ.get("LOCAL_RANK", -1)) != -1:
         # accelerate leaves the process-group backend unset on a machine without GPUs; under DeepSpeed
-        # every process would then call itself rank 0 of 1. DeepSpeed's CPU accelerator speaks gloo.
+        # every launched process would then call itself rank 0 of 1. DeepSpeed's CPU accelerator
+        # speaks gloo.
         kwargs["kwargs_handlers"] = [InitProcessGroupKwargs(backend="gloo")]
     # accelerate takes the DeepSpeed path only when not told cpu=True.
     accelerator = Accelerator(cpu=not gpu and not deepspeed, mixed_precision=cfg.optim.mixed_precision,

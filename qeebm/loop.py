@@ -115,6 +115,7 @@ def train(cfg: Config) -> TrainResult:
         mono = load_mono(cfg, translator) if getattr(method, "needs_mono", False) else None
         mono_sampler = StepSampler(len(mono.src), o.batch_size, cfg.seed + 1) if mono is not None else None
         metrics_log = MetricsLog(run_dir, cfg, accelerator, start_step=state.step)
+        log.info("backend %s", accelerator.distributed_type.name)
         log.info("method %s, %d processes x %d micro-steps, global batch %d, %d trainable parameters, %d training pairs",
                  cfg.method, accelerator.num_processes, o.grad_accum, o.batch_size, sum(p.numel() for p in params), len(train_set.src))
         if resume_from is not None and not ckpt.restore_rng(resume_from, accelerator.process_index):

@@ -1,0 +1,197 @@
+"""The loop under accelerate's backends and trackers: FSDP and ZeRO-3 refused with the reason before
+anything loads; DeepSpeed ZeRO-2 given the run's batch and clipping, and (when deepspeed is
+installed) two CPU processes under it following DDP's curve and resuming exactly; trackers chosen by
+``logging.report_to``, checked by name, wandb offline when installed."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from accelerate.state import AcceleratorState
+
+from ddp_parity import assert_identical, make_config, read_metrics, write_tiny_world
+from qeebm import checkpoint as ckpt
+from qeebm.backends import configure_deepspeed, make_accelerator
+from qeebm.errors import QeebmError
+from qeebm.loop import train
+
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
+HAS_DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
+HAS_WANDB = importlib.util.find_spec("wandb") is not None
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory) -> Path:
+    return write_tiny_world(tmp_path_factory.mktemp("world"))
+
+
+@pytest.fixture
+def fresh_accelerate_state():
+    """accelerate keeps one state per process; a test that builds another kind of Accelerator
+    starts from and leaves a clean one."""
+    AcceleratorState._reset_state(reset_partial_state=True)
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
+@pytest.mark.parametrize("env,message", [
+    ({"ACCELERATE_USE_FSDP": "true"}, "FSDP is not supported: the translator's weights must stay whole"),
+    ({"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3"}, "DeepSpeed ZeRO-3 is not supported"),
+])
+def test_weight_sharding_backends_are_refused_before_loading(base, tmp_path, monkeypatch, env, message):
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    # A model path that does not exist: the refusal must come first.
+    cfg = make_config(base, tmp_path / "run", "model.name_or_path=/nonexistent")
+    with pytest.raises(QeebmError, match=message) as err:
+        train(cfg)
+    assert "generate()" in str(err.value) and "ZeRO-2" in str(err.value)
+    assert not (tmp_path / "run").exists()
+
+
+def test_deepspeed_config_takes_the_runs_batch_and_clipping(base, tmp_path, monkeypatch, fresh_accelerate_state):
+    # The shipped config's values, as `accelerate launch --config_file deepspeed_zero2.yaml` exports them.
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "2")
+    monkeypatch.setenv("ACCELERATE_GRADIENT_CLIPPING", "0.5")
+    monkeypatch.setenv("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "1")
+    cfg = make_config(base, tmp_path / "run", "optim.batch_size=16", "optim.grad_accum=4", "optim.max_grad_norm=2.0")
+    accelerator = make_accelerator(cfg, tmp_path / "run")
+    assert accelerator.state.deepspeed_plugin.zero_stage == 2
+    configure_deepspeed(accelerator, cfg)
+    ds = accelerator.state.deepspeed_plugin.deepspeed_config
+    # One process: 16 = 4 micro-steps of 4; DeepSpeed counts no accumulation (the loop marks the
+    # boundary) and clips at the run's optim.max_grad_norm, not the launcher's 0.5.
+    assert (ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"], ds["train_batch_size"]) == (4, 1, 4)
+    assert ds["gradient_clipping"] == 2.0 and ds["zero_optimization"]["stage"] == 2
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run_two(base: Path, run_dir: Path, backend: str, *args: str) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "PYTHONPATH": os.pathsep.join([str(REPO), str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    accelerate = Path(sys.executable).with_name("accelerate")
+    if backend == "deepspeed":
+        launch = ["--config_file", str(REPO / "recipes/accelerate/deepspeed_zero2.yaml"), "--num_processes", "2"]
+    else:
+        launch = ["--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
+                  "--dynamo_backend", "no"]
+        env["ACCELERATE_USE_CPU"] = "true"
+    cmd = [str(accelerate), "launch", *launch, "--main_process_port", str(_free_port()), str(TESTS / "ddp_parity.py"),
+           str(base), *args, f"output.run_dir={run_dir}"]
+    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+
+
+def _wait(procs: dict, timeout: float = 300) -> None:
+    for name, proc in procs.items():
+        try:
+            out, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+            pytest.fail(f"run '{name}' did not finish in time")
+        assert proc.returncode == 0, f"run '{name}' failed:\n{out[-4000:]}"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_DEEPSPEED, reason="deepspeed is not installed (pip install deepspeed)")
+def test_deepspeed_zero2_on_two_cpu_processes_follows_ddp_and_resumes_exactly(base, tmp_path):
+    """recipes/accelerate/deepspeed_zero2.yaml with 2 CPU processes (DeepSpeed's CPU accelerator,
+    gloo): 20 SFT steps give DDP's loss curve within 1e-4, clipping included; a run stopped at step
+    10 and resumed ends with the uninterrupted DeepSpeed run's weights and optimiser partitions."""
+    args = ["optim.max_steps=20", "optim.grad_accum=2", "optim.max_grad_norm=0.5", "output.save_every=10"]
+    _wait({"ddp": _run_two(base, tmp_path / "ddp", "ddp", *args),
+           "deepspeed": _run_two(base, tmp_path / "ds", "deepspeed", *args)})
+    assert "backend DEEPSPEED" in (tmp_path / "ds" / "train.log").read_text()
+    curve = {name: [r["loss"] for r in read_metrics(tmp_path / name)] for name in ("ddp", "ds")}
+    assert len(curve["ddp"]) == 20 and curve["ds"] == pytest.approx(curve["ddp"], rel=1e-4)
+    norms = {name: [r["grad_norm"] for r in read_metrics(tmp_path / name)] for name in ("ddp", "ds")}
+    assert norms["ds"] == pytest.approx(norms["ddp"], rel=1e-4)
+    last = ckpt.step_dir(tmp_path / "ds" / "checkpoints", 20)
+    assert sorted(p.name for p in last.glob("optimizer*")) == ["optimizer-0.pt", "optimizer-1.pt"]
+    ddp_w, ds_w = (ckpt.load_file(ckpt.step_dir(tmp_path / n / "checkpoints", 20) / "model.pt") for n in ("ddp", "ds"))
+    for key in ddp_w:
+        torch.testing.assert_close(ds_w[key], ddp_w[key], rtol=0, atol=1e-5, msg=key)
+
+    stop = [a for a in args if not a.startswith("optim.max_steps")] + ["optim.max_steps=10"]
+    _wait({"first half": _run_two(base, tmp_path / "resumed", "deepspeed", *stop)})
+    _wait({"second half": _run_two(base, tmp_path / "resumed", "deepspeed", *args)})
+    assert "resuming from" in (tmp_path / "resumed" / "train.log").read_text()
+    again = ckpt.step_dir(tmp_path / "resumed" / "checkpoints", 20)
+    for name in ("model.pt", "optimizer-0.pt", "optimizer-1.pt", "scheduler.pt"):
+        assert_identical(ckpt.load_file(last / name), ckpt.load_file(again / name), name)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_DEEPSPEED, reason="deepspeed is not installed (pip install deepspeed)")
+def test_deepspeed_trains_ppos_value_head_in_its_engine(base, tmp_path):
+    """PPO's value head (the method's extra parameters) joins DeepSpeed's one engine: two PPO steps
+    under DeepSpeed and under DDP give the same losses and value head."""
+    from helpers import tiny_texts, tokenizer_dir
+
+    from qeebm.data import write_lines
+    from qeebm.qe.tiny import build_tiny_kiwi
+
+    write_lines(tmp_path / "mono.txt", tiny_texts(64, seed=5)[0::2])
+    kiwi = build_tiny_kiwi(tmp_path / "kiwi", tokenizer_dir("xlmr"))
+    args = ["method=ppo", f"data.mono.path={tmp_path / 'mono.txt'}", f"qe.path={kiwi}", "ppo.max_new_tokens=6",
+            "ppo.minibatches=2", "ppo.epochs=1", "optim.max_steps=2", "data.dev.path=", "output.save_every=1",
+            "output.keep_last=0"]
+    _wait({"ddp": _run_two(base, tmp_path / "ddp", "ddp", *args),
+           "deepspeed": _run_two(base, tmp_path / "ds", "deepspeed", *args)})
+    curve = {name: [r["loss"] for r in read_metrics(tmp_path / name)] for name in ("ddp", "ds")}
+    assert len(curve["ddp"]) == 2 and curve["ds"] == pytest.approx(curve["ddp"], rel=1e-4)
+    head = {(name, step): ckpt.load_file(ckpt.step_dir(tmp_path / name / "checkpoints", step) / "method.pt")["value_head"]
+            for name in ("ddp", "ds") for step in (1, 2)}
+    assert not torch.equal(head["ds", 1]["weight"], head["ds", 2]["weight"])  # trained by the engine
+    for step in (1, 2):
+        torch.testing.assert_close(head["ds", step]["weight"], head["ddp", step]["weight"], rtol=0, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------- trackers
+def test_unknown_or_missing_tracker_is_a_one_line_error(base, tmp_path):
+    with pytest.raises(QeebmError, match="logging.report_to: unknown tracker 'tensorbord'; choose from .*tensorboard"):
+        train(make_config(base, tmp_path / "a", "logging.report_to=[tensorbord]"))
+    if not HAS_WANDB:
+        with pytest.raises(QeebmError, match=r"tracker 'wandb' is not installed \(pip install wandb\)"):
+            train(make_config(base, tmp_path / "b", "logging.report_to=[wandb]"))
+
+
+def test_tensorboard_gets_every_logged_metric(base, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    cfg = make_config(base, tmp_path / "run", "optim.max_steps=3", "logging.report_to=[tensorboard]", "eval.every=3")
+    train(cfg)
+    (events,) = [p.parent for p in (tmp_path / "run" / "tb").rglob("events.out.tfevents.*") if p.parent.name == "qeebm"]
+    acc = EventAccumulator(str(events))
+    acc.Reload()
+    records = read_metrics(tmp_path / "run")
+    assert [e.step for e in acc.Scalars("train/loss")] == [r["step"] for r in records]
+    assert [e.value for e in acc.Scalars("train/loss")] == pytest.approx([r["loss"] for r in records])
+    assert [e.step for e in acc.Scalars("val/loss")] == [3]
+
+
+@pytest.mark.skipif(not HAS_WANDB, reason="wandb is not installed (pip install wandb)")
+def test_wandb_offline_run_holds_the_metrics(base, tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    cfg = make_config(base, tmp_path / "run", "optim.max_steps=2", "logging.report_to=[wandb]")
+    train(cfg)
+    (summary,) = (tmp_path / "run" / "wandb").glob("offline-run-*/files/wandb-summary.json")
+    assert json.loads(summary.read_text())["train/loss"] == pytest.approx(read_metrics(tmp_path / "run")[-1]["loss"])

@@ -1,0 +1,209 @@
+"""Faults a long run meets: a non-finite loss (skipped, counted, logged; too many in a row stop the
+run), a checkpoint file that would run code when loaded (refused), and preemption by a signal
+(checkpoint, exit 0, exact resume; a real two-process gloo run)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from ddp_parity import assert_identical, make_config, read_metrics, write_tiny_world
+from helpers import tiny_texts, tokenizer_dir
+from qeebm import checkpoint as ckpt
+from qeebm.data import StepSampler, write_lines
+from qeebm.errors import QeebmError
+from qeebm.loop import train
+from qeebm.qe.energy import KiwiEnergy
+
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> dict:
+    from qeebm.qe.tiny import build_tiny_kiwi
+
+    root = tmp_path_factory.mktemp("world")
+    base = write_tiny_world(root)
+    write_lines(root / "mono.txt", tiny_texts(80, seed=5)[0::2])
+    kiwi = build_tiny_kiwi(root / "kiwi", tokenizer_dir("xlmr"))
+    return {"root": root, "base": base, "mono": root / "mono.txt", "kiwi": kiwi}
+
+
+def qe_ebm_config(world, run_dir, *overrides):
+    # Energy only, from the first step, two micro-batches per step; a checkpoint after every step.
+    return make_config(world["base"], run_dir, "method=qe-ebm", f"data.mono.path={world['mono']}",
+                       f"qe.path={world['kiwi']}", "qe_ebm.num_samples=2", "qe_ebm.max_new_tokens=8", "data.dev.path=",
+                       "qe_ebm.alpha=0.0", "qe_ebm.beta_max=1.0", "qe_ebm.beta_ramp_steps=0", "optim.grad_accum=2",
+                       "output.save_every=1", "output.keep_last=0", *overrides)
+
+
+def poison_energy(monkeypatch, bad_calls: set[int]) -> None:
+    """KiwiEnergy's forward returns NaN for one sample on the given calls (one call per micro-batch)."""
+    real = KiwiEnergy.forward
+    calls = {"n": 0}
+
+    def forward(self, *args, **kwargs):
+        calls["n"] += 1
+        energy = real(self, *args, **kwargs)
+        if calls["n"] in bad_calls:
+            energy = energy + torch.where(torch.arange(len(energy)) == 0, torch.nan, 0.0).to(energy)
+        return energy
+
+    monkeypatch.setattr(KiwiEnergy, "forward", forward)
+
+
+def test_nan_energy_skips_the_update_and_logs_the_batch(world, tmp_path, monkeypatch):
+    # Calls 3 and 4 are step 2's two micro-batches: one NaN in the first spoils the step's update.
+    poison_energy(monkeypatch, {3})
+    run = tmp_path / "run"
+    cfg = qe_ebm_config(world, run, "optim.max_steps=3", "optim.warmup_steps=2", "optim.scheduler=linear")
+    assert train(cfg).step == 3
+    records = read_metrics(run)
+    assert [r["nonfinite"] for r in records] == [0.0, 1.0, 0.0]
+    assert records[1]["loss"] != records[1]["loss"]  # the logged loss is NaN
+    # Step 2 changed nothing: weights, optimiser (moments and step count) and schedule as after step 1.
+    step = {s: ckpt.step_dir(run / "checkpoints", s) for s in (1, 2, 3)}
+    for name in ("model.pt", "optimizer.pt", "scheduler.pt"):
+        assert_identical(ckpt.load_file(step[1] / name), ckpt.load_file(step[2] / name), name)
+    assert not torch.equal(ckpt.load_file(step[3] / "model.pt")["lm_head.weight"],
+                           ckpt.load_file(step[2] / "model.pt")["lm_head.weight"])
+    # The lr of step 3 is the one step 2 would have had (warm-up 2 steps of a linear schedule).
+    assert records[2]["lr"] == records[1]["lr"]
+    assert ckpt.read_state(step[3])["nonfinite_steps"] == 1
+    # train.log names the step's examples, as the step samplers drew them (of the pairs the length
+    # filter kept, and of the source-only pool).
+    text = (run / "train.log").read_text(encoding="utf-8")
+    kept = int(re.search(r"train: kept (\d+) of", text).group(1))
+    pool = int(re.search(r"mono: kept (\d+) of", text).group(1))
+    line = next(x for x in text.splitlines() if "step 2: 1 of 1 update(s) skipped" in x)
+    assert f"training pairs {StepSampler(kept, 8, cfg.seed).global_indices(1)}" in line
+    assert f"source-only sentences {StepSampler(pool, 8, cfg.seed + 1).global_indices(1)}" in line
+
+
+def test_nonfinite_steps_in_a_row_stop_the_run(world, tmp_path, monkeypatch):
+    # Every micro-batch from step 2 on is poisoned; the second bad step in a row stops the run.
+    poison_energy(monkeypatch, set(range(3, 100)))
+    run = tmp_path / "run"
+    cfg = qe_ebm_config(world, run, "optim.max_steps=6", "optim.max_nonfinite_steps=2")
+    with pytest.raises(QeebmError) as err:
+        train(cfg)
+    message = str(err.value)
+    assert "2 steps in a row (to step 3)" in message and "max_nonfinite_steps=2" in message
+    # Step 2 was skipped, so its checkpoint holds step 1's weights: the last good ones, intact.
+    assert str(ckpt.step_dir(run / "checkpoints", 2)) in message
+    assert [p.name for p in ckpt.list_checkpoints(run / "checkpoints")] == ["step-0000001", "step-0000002"]
+    assert_identical(ckpt.load_file(ckpt.step_dir(run / "checkpoints", 1) / "model.pt"),
+                     ckpt.load_file(ckpt.step_dir(run / "checkpoints", 2) / "model.pt"))
+
+
+class _RunsCode:
+    """Unpickling this calls os.system: what a checkpoint from elsewhere could do to torch.load."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.mark.parametrize("name", ["model.pt", "optimizer.pt", "scheduler.pt", "rng-0.pt", "method.pt"])
+def test_a_checkpoint_that_would_run_code_is_refused(world, tmp_path, name):
+    run = tmp_path / "run"
+    train(make_config(world["base"], run, "optim.max_steps=1"))
+    marker = tmp_path / "code-ran"
+    path = ckpt.step_dir(run / "checkpoints", 1) / name
+    torch.save({"state": _RunsCode(marker)}, path)  # pickling runs nothing; unpickling would
+    with pytest.raises(QeebmError, match=rf"{re.escape(str(path))}: refused to load"):
+        if name == "method.pt":
+            ckpt.load_method_state(path.parent, _MethodWithState())
+        else:
+            train(make_config(world["base"], run, "optim.max_steps=2"))  # resumes from step 1
+    assert not marker.exists()
+    # The file is a real threat: a plain unpickling runs its code.
+    torch.load(path, weights_only=False)
+    assert marker.exists()
+
+
+class _MethodWithState:
+    name = "stateful"
+
+    def load_state_dict(self, state):
+        raise AssertionError("a refused file reached the method")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launch(base: Path, run_dir: Path, *args: str) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "ACCELERATE_USE_CPU": "true",
+           "PYTHONPATH": os.pathsep.join([str(REPO), str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    accelerate = Path(sys.executable).with_name("accelerate")
+    cmd = [str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+           "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
+           str(TESTS / "ddp_parity.py"), str(base), *args, f"output.run_dir={run_dir}"]
+    # Its own process group: the test signals the whole job, as SLURM signals every task.
+    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+
+
+def _finish(proc: subprocess.Popen, timeout: float) -> str:
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        pytest.fail("a two-process run did not finish in time")
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGUSR1"])
+def test_preempted_two_process_run_resumes_exactly(world, tmp_path, sig):
+    """SIGTERM (or SIGUSR1) to a running two-process job: it finishes the step, writes a checkpoint
+    and exits 0; the same command resumes, and the final weights equal an uninterrupted run's."""
+    # Dropout on and a linear schedule: the resumed run must restore RNG states and schedule too.
+    args = ["optim.max_steps=40", "optim.grad_accum=2", "model.dropout=null", "optim.scheduler=linear",
+            "optim.warmup_steps=5", "logging.every=1"]
+    straight = _launch(world["base"], tmp_path / "straight", *args)
+    run = tmp_path / "preempted"
+    job = _launch(world["base"], run, *args)
+    metrics = run / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 3):
+        if job.poll() is not None or time.monotonic() > deadline:
+            pytest.fail(f"the run ended or stalled before it could be signalled:\n{_finish(job, 5)[-3000:]}")
+        time.sleep(0.05)
+    os.killpg(job.pid, getattr(signal, sig))
+    out = _finish(job, 120)
+    # The worker processes stopped cleanly: each exited 0 (the launcher's own code is its business).
+    assert "exitcode  : 1" not in out and "Traceback" not in out, out[-3000:]
+    stopped = int(re.search(rf"preempted by {sig} after step (\d+) of 40", out).group(1))
+    assert 3 <= stopped < 40
+    assert "run the same command to resume" in out
+    assert ckpt.latest_checkpoint(run / "checkpoints") == ckpt.step_dir(run / "checkpoints", stopped)
+
+    resumed = _launch(world["base"], run, *args)
+    for proc in (resumed, straight):
+        out = _finish(proc, 180)
+        assert proc.returncode == 0, out[-3000:]
+    assert f"resuming from {ckpt.step_dir(run / 'checkpoints', stopped)}" in (run / "train.log").read_text()
+    assert [r["step"] for r in read_metrics(run)] == list(range(1, 41))
+    assert [r["loss"] for r in read_metrics(run)] == [r["loss"] for r in read_metrics(tmp_path / "straight")]
+    for name in ("model.pt", "optimizer.pt", "scheduler.pt"):
+        assert_identical(ckpt.load_file(ckpt.step_dir(tmp_path / "straight" / "checkpoints", 40) / name),
+                         ckpt.load_file(ckpt.step_dir(run / "checkpoints", 40) / name), name)
