@@ -11,8 +11,8 @@ directory, and older checkpoints are pruned (``output.keep_last``) only after th
 
 Every file is read back with ``torch.load(weights_only=True)``: tensors and plain containers only,
 so a checkpoint from elsewhere cannot run code when loaded. DeepSpeed's optimiser partitions hold a
-few of DeepSpeed's own classes besides (its loss scaler); those, and nothing else, are allowed by
-name (``_deepspeed_safe_globals``).
+few of DeepSpeed's own records besides (its loss scaler, the partitions' fragment addresses); those,
+and nothing else, are allowed by name (``_deepspeed_safe_globals``).
 
 ``prepare_run_dir`` decides whether a run resumes: only from its own run directory, and only when
 the config there differs at most in keys that do not change the weights (``RESUMABLE_CHANGES``).
@@ -229,8 +229,10 @@ def load_file(path: Path):
         with torch.serialization.safe_globals(_deepspeed_safe_globals()):
             return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise QeebmError(f"{path}: refused to load: it holds more than tensors and plain containers ({first})") from None
+        # torch's message is a page of advice; the refused name is the part that matters.
+        found = re.search(r"Unsupported global: GLOBAL (\S+)|Unsupported operand \d+", str(err))
+        what = found.group(1) or found.group(0) if found else type(err).__name__
+        raise QeebmError(f"{path}: refused to load: it holds more than tensors and plain containers ({what})") from None
 
 
 def _deepspeed_safe_globals() -> list:
@@ -238,9 +240,11 @@ def _deepspeed_safe_globals() -> list:
     installed: plain records, allowed by name. Nothing else besides tensors and containers loads."""
     try:
         from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+        from deepspeed.runtime.zero.config import ZeroStageEnum
+        from deepspeed.utils.tensor_fragment import fragment_address
     except ImportError:
         return []
-    return [LossScaler, DynamicLossScaler]
+    return [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
 
 
 def load_model(path: Path, model) -> None:
