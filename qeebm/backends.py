@@ -143,6 +143,29 @@ def apply_update(accelerator, optimizer, params, max_norm: float, loss_finite: b
     return norm, OVERFLOW if accelerator.optimizer_step_was_skipped else APPLIED
 
 
+class WithExtras(torch.nn.Module):
+    """The translator and a method's own trainable parameters (PPO's value head) as one module:
+    DeepSpeed's engine holds one module and optimises only parameters it can name in it. Calls go to
+    the translator; the extras are used by the method directly."""
+
+    def __init__(self, model: torch.nn.Module, extras: list[torch.nn.Parameter]):
+        super().__init__()
+        self.model = model
+        self.extras = torch.nn.ParameterList(extras)  # the method's very Parameter objects, not copies
+
+    def forward(self, *args, **kwargs):
+        return self.model(*args, **kwargs)
+
+
+def module_to_prepare(accelerator, model: torch.nn.Module, extras: list) -> torch.nn.Module:
+    """What goes into ``accelerator.prepare`` with the optimiser: under DeepSpeed the translator with
+    the method's extra parameters; otherwise the translator (DDP wraps it alone; the loop averages
+    the extras' gradients itself)."""
+    if extras and accelerator.distributed_type == DistributedType.DEEPSPEED:
+        return WithExtras(model, extras)
+    return model
+
+
 class PreparedModel:
     """The ``model`` a method is built with: the accelerate-prepared translator, once the loop has
     prepared it. Model and optimiser go through one ``accelerator.prepare`` call (DeepSpeed builds its

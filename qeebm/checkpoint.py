@@ -149,6 +149,8 @@ def _all_ok(accelerator, ok: bool) -> bool:
 def save_checkpoint(root: Path, step: int, *, model, optimizer, scheduler, state: dict, accelerator, keep_last: int,
                     method_state: dict | None = None, optimizer_per_process: bool = False) -> Path:
     """Write checkpoint ``step`` under ``root`` from every process (collective: all must call).
+    ``model`` is the unwrapped translator: its weights are whole on every process under each
+    backend the loop runs (backends.py).
 
     The main process writes the model, optimiser, scheduler and ``state``; every process writes its
     own RNG file (and, with ``optimizer_per_process``, its optimiser partition: DeepSpeed) into the
@@ -178,7 +180,7 @@ def save_checkpoint(root: Path, step: int, *, model, optimizer, scheduler, state
             if optimizer_per_process:
                 torch.save(optimizer.state_dict(), tmp / f"optimizer-{rank}.pt")
             if accelerator.is_main_process:
-                torch.save(accelerator.get_state_dict(model), tmp / "model.pt")
+                torch.save(model.state_dict(), tmp / "model.pt")
                 if not optimizer_per_process:
                     torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
                 torch.save(scheduler.state_dict(), tmp / "scheduler.pt")

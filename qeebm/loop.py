@@ -35,6 +35,7 @@ from qeebm.backends import (
     deepspeed_engine,
     make_accelerator,
     micro_step,
+    module_to_prepare,
 )
 from qeebm.config import Config, to_dict
 from qeebm.data import StepSampler, filter_corpus, read_corpus
@@ -94,7 +95,8 @@ def train(cfg: Config) -> TrainResult:
         translator.to(accelerator.device)
         handle = PreparedModel()
         method = METHODS[cfg.method](cfg, translator, handle)
-        params = [p for p in model.parameters() if p.requires_grad] + list(getattr(method, "extra_parameters", list)())
+        extras = list(getattr(method, "extra_parameters", list)())
+        params = [p for p in model.parameters() if p.requires_grad] + extras
         o = cfg.optim
         optimizer = torch.optim.AdamW(params, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
         # Not prepared by accelerate: its wrapper steps the schedule once per process.
@@ -103,7 +105,7 @@ def train(cfg: Config) -> TrainResult:
             # Weights before prepare: DeepSpeed copies them into its own optimiser partitions there.
             ckpt.load_model(resume_from, model)
         configure_deepspeed(accelerator, cfg)
-        prepared, optimizer = accelerator.prepare(model, optimizer)
+        prepared, optimizer = accelerator.prepare(module_to_prepare(accelerator, model, extras), optimizer)
         handle.bind(prepared)
         state = LoopState()
         if resume_from is not None:
@@ -139,7 +141,7 @@ def train(cfg: Config) -> TrainResult:
 
         def save() -> None:
             state.elapsed = time.time() - start
-            ckpt.save_checkpoint(run_dir / "checkpoints", state.step, model=prepared, optimizer=optimizer, scheduler=scheduler,
+            ckpt.save_checkpoint(run_dir / "checkpoints", state.step, model=model, optimizer=optimizer, scheduler=scheduler,
                                  state=asdict(state), accelerator=accelerator, keep_last=cfg.output.keep_last,
                                  method_state=method.state_dict() if hasattr(method, "state_dict") else None,
                                  optimizer_per_process=deepspeed_engine(accelerator) is not None)

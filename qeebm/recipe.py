@@ -186,16 +186,6 @@ def config_diff(cfg: Config, explicit: list[str] = ()) -> dict:
     return {k: v for k, v in mine.items() if base.get(k) != v or k in keys}
 
 
-def _check_backend() -> None:
-    # qeebm/loop.py prepares the model and the optimiser in separate calls and generates with the
-    # unwrapped model: DeepSpeed never gets its engine (accelerator.backward would fail on the first
-    # step) and FSDP would sample from sharded weights. Fail now rather than after the data download.
-    for var, name in (("ACCELERATE_USE_DEEPSPEED", "DeepSpeed"), ("ACCELERATE_USE_FSDP", "FSDP")):
-        if os.environ.get(var, "").lower() == "true":
-            raise QeebmError(f"{name} is not supported by qeebm's training loop yet (recipes/README.md, "
-                             "'What works'); launch with recipes/accelerate/single_gpu.yaml or multi_gpu.yaml")
-
-
 def _grad_accum(cfg: Config, world: int) -> int:
     """The YAML's accumulation on one process, spread over ``world`` processes while the global
     batch stays as published (16 = 4 x 4 on one GPU, 2 x 2 x 4 on two, 4 x 1 x 4 on four)."""
@@ -220,7 +210,10 @@ def build_plan(recipe: Recipe, args: argparse.Namespace) -> Plan:
     # The pair must exist in the model's language table, whatever the tiny world stands in with.
     to_model_code(recipe.src_lang, choice.family)
     to_model_code(recipe.tgt_lang, choice.family)
-    _check_backend()
+    # FSDP and ZeRO-3 shard the weights every method samples from: refused before the data download.
+    from qeebm.backends import check_backend_request
+
+    check_backend_request()
     systems = recipe.systems
     if args.systems:
         systems = tuple(s.strip() for s in args.systems.split(",") if s.strip())
@@ -378,7 +371,9 @@ def train_runs(plan: Plan) -> None:
             log.info("[%d/%d] %s seed %d: already trained (%s/final)", i, len(plan.runs), run.system, run.seed, run.run_dir)
             continue
         log.info("[%d/%d] training %s seed %d -> %s", i, len(plan.runs), run.system, run.seed, run.run_dir)
-        train(run.cfg)
+        if train(run.cfg).preempted:
+            # The loop printed how to resume: the same command skips the finished runs and resumes this one.
+            raise SystemExit(0)
         _free_memory()
 
 

@@ -35,6 +35,10 @@ def assert_identical(a, b, where: str = "") -> None:
         assert len(a) == len(b), where
         for i, (x, y) in enumerate(zip(a, b)):
             assert_identical(x, y, f"{where}[{i}]")
+    elif hasattr(a, "__dict__") and not isinstance(a, type):
+        # A plain record (DeepSpeed's loss scaler): the same class and the same fields.
+        assert type(a) is type(b), where
+        assert_identical(vars(a), vars(b), where)
     else:
         assert a == b, where
 

@@ -105,6 +105,39 @@ def test_nonfinite_steps_in_a_row_stop_the_run(world, tmp_path, monkeypatch):
                      ckpt.load_file(ckpt.step_dir(run / "checkpoints", 2) / "model.pt"))
 
 
+def test_apply_update_applies_or_skips_without_touching_the_state():
+    from accelerate import Accelerator
+
+    from qeebm.backends import APPLIED, NONFINITE, apply_update
+
+    accelerator = Accelerator(cpu=True)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    params = list(model.parameters())
+
+    def state():
+        return ({k: v.clone() for k, v in model.state_dict().items()},
+                {k: {n: t.clone() if torch.is_tensor(t) else t for n, t in v.items()} for k, v in optimizer.state_dict()["state"].items()})
+
+    x = torch.ones(2, 3)
+    model(x).sum().backward()
+    norm, outcome = apply_update(accelerator, optimizer, params, max_norm=1e9, loss_finite=True)
+    assert outcome == APPLIED and norm > 0 and all(p.grad is None for p in params)
+    applied = state()
+    # A non-finite loss (as agreed over processes): nothing moves, the gradients are dropped.
+    model(x).sum().backward()
+    assert apply_update(accelerator, optimizer, params, max_norm=1e9, loss_finite=False)[1] == NONFINITE
+    assert_identical(state(), applied) and all(p.grad is None for p in params)
+    # A finite loss whose gradients overflowed (no loss scaler): skipped too, AdamW's step count kept.
+    model(x).sum().backward()
+    params[0].grad[0, 0] = torch.inf
+    norm, outcome = apply_update(accelerator, optimizer, params, max_norm=1e9, loss_finite=True)
+    assert outcome == NONFINITE and norm == torch.inf
+    assert_identical(state(), applied) and all(p.grad is None for p in params)
+
+
 class _RunsCode:
     """Unpickling this calls os.system: what a checkpoint from elsewhere could do to torch.load."""
 

@@ -140,10 +140,15 @@ def test_selection_options_and_mistakes():
             plan_for(EN_MN, *argv)
 
 
-def test_unsupported_backends_are_refused_at_start(monkeypatch, capsys, quiet_qeebm_logger):
+def test_weight_sharding_backends_are_refused_at_start(monkeypatch, capsys, quiet_qeebm_logger):
+    # DeepSpeed ZeRO-2 (the shipped deepspeed_zero2.yaml) is accepted; ZeRO-3 and FSDP are refused.
     monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "2")
+    assert main(EN_MN, ["--dry-run"]) == 0
+    capsys.readouterr()
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "3")
     assert main(EN_MN, ["--dry-run"]) == 2
-    assert "DeepSpeed is not supported" in capsys.readouterr().err
+    assert "DeepSpeed ZeRO-3 is not supported: the translator's weights must stay whole" in capsys.readouterr().err
     monkeypatch.delenv("ACCELERATE_USE_DEEPSPEED")
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
     assert main(EN_MN, ["--dry-run"]) == 2
