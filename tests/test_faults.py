@@ -166,6 +166,22 @@ def test_a_checkpoint_that_would_run_code_is_refused(world, tmp_path, name):
     assert marker.exists()
 
 
+def test_a_qe_checkpoint_that_would_run_code_is_refused(world, tmp_path):
+    import shutil
+
+    from qeebm.qe.models import load_qe
+
+    kiwi = tmp_path / "kiwi"
+    shutil.copytree(world["kiwi"], kiwi)
+    (ckpt_file,) = kiwi.glob("checkpoints/*.ckpt")
+    state = torch.load(ckpt_file, weights_only=True)
+    marker = tmp_path / "code-ran"
+    torch.save({**state, "hyper_parameters": {**state["hyper_parameters"], "x": _RunsCode(marker)}}, ckpt_file)
+    with pytest.raises(QeebmError, match=f"comet could not load {re.escape(str(ckpt_file))}"):
+        load_qe(str(kiwi))
+    assert not marker.exists()
+
+
 class _MethodWithState:
     name = "stateful"
 

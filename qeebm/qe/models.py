@@ -184,9 +184,11 @@ def load_qe(name_or_path: str, encoder_dir: str | None = None):
     if hparams.get("layer_transformation") == "sparsemax_patch":
         kwargs["layer_transformation"] = "softmax"
     try:
+        # weights_only: tensors and plain containers only, so a checkpoint from elsewhere cannot run
+        # code (torch's default since 2.6; said here so no older default can change it).
         model = cls.load_from_checkpoint(
             checkpoint_path=ckpt, load_pretrained_weights=False, map_location=torch.device("cpu"),
-            strict=False, local_files_only=True, pretrained_model=encoder, **kwargs)
+            strict=False, local_files_only=True, pretrained_model=encoder, weights_only=True, **kwargs)
     except QeebmError:
         raise
     except Exception as err:
