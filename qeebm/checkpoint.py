@@ -34,12 +34,12 @@ import numpy as np
 import torch
 import yaml
 
-from qeebm.config import Config, dump_config, to_dict
+from qeebm.config import Config, dump_config, flat_dict, to_dict
 from qeebm.errors import QeebmError
 
 STEP_DIR = re.compile(r"^step-(\d+)$")
 # Config keys that may change between a run and its resume: they do not change the weights.
-RESUMABLE_CHANGES = ("logging.", "output.", "optim.max_steps", "eval.every", "eval.patience")
+RESUMABLE_CHANGES = ("logging.", "output.", "optim.max_steps", "optim.max_nonfinite_steps", "eval.every", "eval.patience")
 
 
 @contextlib.contextmanager
@@ -209,13 +209,7 @@ def config_changes(old: dict, new: dict, ignore: tuple[str, ...] = ()) -> list[s
     """Dotted keys whose values differ between two config dicts (a key missing from one side
     differs), leaving out keys that start with any prefix in ``ignore``."""
 
-    def flat(d: dict, prefix: str = "") -> dict:
-        out = {}
-        for k, v in d.items():
-            out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
-        return out
-
-    a, b = flat(old), flat(new)
+    a, b = flat_dict(old), flat_dict(new)
     missing = object()
     return sorted(k for k in a.keys() | b.keys() if a.get(k, missing) != b.get(k, missing) and not k.startswith(ignore))
 

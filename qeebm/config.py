@@ -460,5 +460,16 @@ def to_dict(cfg: Any) -> dict:
     return plain(dataclasses.asdict(cfg))
 
 
+def flat_dict(d: dict, prefix: str = "") -> dict:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``: a config dict keyed by dotted keys."""
+    out = {}
+    for key, value in d.items():
+        if isinstance(value, dict):
+            out.update(flat_dict(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
 def dump_config(cfg: Config) -> str:
     return yaml.safe_dump(to_dict(cfg), sort_keys=False, allow_unicode=True)

@@ -37,12 +37,12 @@ from qeebm.backends import (
     micro_step,
     module_to_prepare,
 )
-from qeebm.config import Config, to_dict
+from qeebm.config import Config, flat_dict, to_dict
 from qeebm.data import StepSampler, filter_corpus, read_corpus
 from qeebm.errors import QeebmError
 from qeebm.evaluate import corpus_metrics, corpus_nll, translate_corpus
 from qeebm.methods import METHODS, Batch
-from qeebm.preemption import Preemption
+from qeebm.preemption import Preemption, parse_signals
 from qeebm.translator import Translator, eval_mode
 
 log = logging.getLogger("qeebm.loop")
@@ -373,6 +373,9 @@ def check_config(cfg, world: int) -> None:
         raise QeebmError(f"eval.metric must be one of {', '.join(VAL_METRICS)}; got {cfg.eval.metric!r}")
     if cfg.logging.every < 1:
         raise QeebmError(f"logging.every must be at least 1; got {cfg.logging.every}")
+    if o.max_nonfinite_steps < 0:
+        raise QeebmError(f"optim.max_nonfinite_steps must be >= 0 (0: never stop); got {o.max_nonfinite_steps}")
+    parse_signals(cfg.output.preempt_signals)
 
 
 class _FileLog:
@@ -407,16 +410,7 @@ def check_trackers(cfg) -> None:
 
 def tracker_config(cfg) -> dict:
     """The resolved config as the flat dotted scalars every tracker accepts (lists as strings)."""
-    def flat(d: dict, prefix: str = "") -> dict:
-        out = {}
-        for k, v in d.items():
-            if isinstance(v, dict):
-                out.update(flat(v, f"{prefix}{k}."))
-            else:
-                out[f"{prefix}{k}"] = v if isinstance(v, (int, float, str, bool)) else str(v)
-        return out
-
-    return flat(to_dict(cfg))
+    return {k: v if isinstance(v, (int, float, str, bool)) else str(v) for k, v in flat_dict(to_dict(cfg)).items()}
 
 
 class MetricsLog:

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Union
 
-from qeebm.config import Config, data_path_overrides, load_config, to_dict
+from qeebm.config import Config, data_path_overrides, flat_dict, load_config, to_dict
 from qeebm.data_prep import HubCorpus, is_prepared
 from qeebm.errors import QeebmError
 from qeebm.langcodes import NLLB_TO_MBART50, to_model_code
@@ -168,21 +168,11 @@ def parse_args(argv: list[str], recipe: Union[Recipe, Callable], prog: str) -> a
     return p.parse_args(argv)
 
 
-def _flat(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for key, value in d.items():
-        if isinstance(value, dict):
-            out.update(_flat(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
 def config_diff(cfg: Config, explicit: list[str] = ()) -> dict:
     """Every setting that differs from the dataclass defaults, as dotted keys, and the ``explicit``
     ones (``key=value`` overrides) even where they equal the default: the seed, the language pair."""
     keys = {o.split("=", 1)[0].strip() for o in explicit}
-    base, mine = _flat(to_dict(Config())), _flat(to_dict(cfg))
+    base, mine = flat_dict(to_dict(Config())), flat_dict(to_dict(cfg))
     return {k: v for k, v in mine.items() if base.get(k) != v or k in keys}
 
 

@@ -106,6 +106,48 @@ def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
     return torch.load(found / "model.pt", weights_only=True)
 
 
+def launch_two(base: Path, run_dir: Path, *args: str, backend: str = "ddp"):
+    """This script under ``accelerate launch`` with 2 CPU processes: DDP over gloo, or
+    ``backend="deepspeed"`` with recipes/accelerate/deepspeed_zero2.yaml (DeepSpeed's CPU accelerator).
+    The launcher gets a process group of its own, so a test can always end it."""
+    import os
+    import socket
+    import subprocess
+
+    tests = Path(__file__).resolve().parent
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "PYTHONPATH": os.pathsep.join([str(tests.parent), str(tests), os.environ.get("PYTHONPATH", "")])}
+    if backend == "deepspeed":
+        launch = ["--config_file", str(tests.parent / "recipes/accelerate/deepspeed_zero2.yaml"), "--num_processes", "2"]
+    else:
+        launch = ["--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
+                  "--dynamo_backend", "no"]
+        env["ACCELERATE_USE_CPU"] = "true"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [str(Path(sys.executable).with_name("accelerate")), "launch", *launch, "--main_process_port", str(port),
+           str(tests / "ddp_parity.py"), str(base), *args, f"output.run_dir={run_dir}"]
+    return subprocess.Popen(cmd, cwd=tests.parent, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+
+
+def finish(proc, timeout: float, name: str = "run") -> str:
+    """The output of a launched run; its whole process group is killed if it overruns ``timeout``."""
+    import os
+    import signal
+    import subprocess
+
+    import pytest
+
+    try:
+        return proc.communicate(timeout=timeout)[0]
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        pytest.fail(f"{name} did not finish in {timeout:.0f} s")
+
+
 def main(argv: list[str]) -> None:
     from qeebm.loop import train
 

@@ -7,23 +7,18 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from accelerate.state import AcceleratorState
 
-from ddp_parity import assert_identical, make_config, read_metrics, write_tiny_world
+from ddp_parity import assert_identical, finish, launch_two, make_config, read_metrics, write_tiny_world
 from qeebm import checkpoint as ckpt
 from qeebm.backends import configure_deepspeed, make_accelerator
 from qeebm.errors import QeebmError
 from qeebm.loop import train
 
-TESTS = Path(__file__).resolve().parent
-REPO = TESTS.parent
 HAS_DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
 HAS_WANDB = importlib.util.find_spec("wandb") is not None
 
@@ -74,38 +69,9 @@ def test_deepspeed_config_takes_the_runs_batch_and_clipping(base, tmp_path, monk
     assert ds["gradient_clipping"] == 2.0 and ds["zero_optimization"]["stage"] == 2
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _run_two(base: Path, run_dir: Path, backend: str, *args: str) -> subprocess.Popen:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "PYTHONPATH": os.pathsep.join([str(REPO), str(TESTS), os.environ.get("PYTHONPATH", "")])}
-    accelerate = Path(sys.executable).with_name("accelerate")
-    if backend == "deepspeed":
-        launch = ["--config_file", str(REPO / "recipes/accelerate/deepspeed_zero2.yaml"), "--num_processes", "2"]
-    else:
-        launch = ["--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
-                  "--dynamo_backend", "no"]
-        env["ACCELERATE_USE_CPU"] = "true"
-    cmd = [str(accelerate), "launch", *launch, "--main_process_port", str(_free_port()), str(TESTS / "ddp_parity.py"),
-           str(base), *args, f"output.run_dir={run_dir}"]
-    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-
-
 def _wait(procs: dict, timeout: float = 300) -> None:
     for name, proc in procs.items():
-        try:
-            out, _ = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 9)
-            proc.wait()
-            pytest.fail(f"run '{name}' did not finish in time")
+        out = finish(proc, timeout, f"run '{name}'")
         assert proc.returncode == 0, f"run '{name}' failed:\n{out[-4000:]}"
 
 
@@ -116,8 +82,8 @@ def test_deepspeed_zero2_on_two_cpu_processes_follows_ddp_and_resumes_exactly(ba
     gloo): 20 SFT steps give DDP's loss curve within 1e-4, clipping included; a run stopped at step
     10 and resumed ends with the uninterrupted DeepSpeed run's weights and optimiser partitions."""
     args = ["optim.max_steps=20", "optim.grad_accum=2", "optim.max_grad_norm=0.5", "output.save_every=10"]
-    _wait({"ddp": _run_two(base, tmp_path / "ddp", "ddp", *args),
-           "deepspeed": _run_two(base, tmp_path / "ds", "deepspeed", *args)})
+    _wait({"ddp": launch_two(base, tmp_path / "ddp", *args, backend="ddp"),
+           "deepspeed": launch_two(base, tmp_path / "ds", *args, backend="deepspeed")})
     assert "backend DEEPSPEED" in (tmp_path / "ds" / "train.log").read_text()
     curve = {name: [r["loss"] for r in read_metrics(tmp_path / name)] for name in ("ddp", "ds")}
     assert len(curve["ddp"]) == 20 and curve["ds"] == pytest.approx(curve["ddp"], rel=1e-4)
@@ -134,8 +100,8 @@ def test_deepspeed_zero2_on_two_cpu_processes_follows_ddp_and_resumes_exactly(ba
         torch.testing.assert_close(ds_w[key], ddp_w[key], rtol=0, atol=1e-5, msg=key)
 
     stop = [a for a in args if not a.startswith("optim.max_steps")] + ["optim.max_steps=10"]
-    _wait({"first half": _run_two(base, tmp_path / "resumed", "deepspeed", *stop)})
-    _wait({"second half": _run_two(base, tmp_path / "resumed", "deepspeed", *args)})
+    _wait({"first half": launch_two(base, tmp_path / "resumed", *stop, backend="deepspeed")})
+    _wait({"second half": launch_two(base, tmp_path / "resumed", *args, backend="deepspeed")})
     assert "resuming from" in (tmp_path / "resumed" / "train.log").read_text()
     again = ckpt.step_dir(tmp_path / "resumed" / "checkpoints", 20)
     for name in ("model.pt", "optimizer-0.pt", "optimizer-1.pt", "scheduler.pt"):
@@ -166,8 +132,8 @@ def test_deepspeed_runs_the_methods_with_their_own_parameters_as_ddp_does(base, 
     kiwi = build_tiny_kiwi(tmp_path / "kiwi", tokenizer_dir("xlmr"))
     args = [*METHOD_ARGS[method], f"data.mono.path={tmp_path / 'mono.txt'}", f"qe.path={kiwi}", "optim.max_steps=2",
             "data.dev.path=", "output.save_every=1", "output.keep_last=0"]
-    _wait({"ddp": _run_two(base, tmp_path / "ddp", "ddp", *args),
-           "deepspeed": _run_two(base, tmp_path / "ds", "deepspeed", *args)})
+    _wait({"ddp": launch_two(base, tmp_path / "ddp", *args, backend="ddp"),
+           "deepspeed": launch_two(base, tmp_path / "ds", *args, backend="deepspeed")})
     curve = {name: [r["loss"] for r in read_metrics(tmp_path / name)] for name in ("ddp", "ds")}
     assert len(curve["ddp"]) == 2 and curve["ds"] == pytest.approx(curve["ddp"], rel=1e-4)
 

@@ -8,42 +8,24 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from ddp_parity import assert_identical, make_config, read_metrics, write_tiny_world
-from helpers import tiny_texts, tokenizer_dir
+from ddp_parity import assert_identical, finish, launch_two, make_config, read_metrics
+from test_qe_ebm import ENERGY_ONLY, qe_config, world  # noqa: F401 - world: the tiny world with a Kiwi, a fixture
 from qeebm import checkpoint as ckpt
-from qeebm.data import StepSampler, write_lines
+from qeebm.data import StepSampler
 from qeebm.errors import QeebmError
 from qeebm.loop import train
 from qeebm.qe.energy import KiwiEnergy
 
-TESTS = Path(__file__).resolve().parent
-REPO = TESTS.parent
-
-
-@pytest.fixture(scope="module")
-def world(tmp_path_factory) -> dict:
-    from qeebm.qe.tiny import build_tiny_kiwi
-
-    root = tmp_path_factory.mktemp("world")
-    base = write_tiny_world(root)
-    write_lines(root / "mono.txt", tiny_texts(80, seed=5)[0::2])
-    kiwi = build_tiny_kiwi(root / "kiwi", tokenizer_dir("xlmr"))
-    return {"root": root, "base": base, "mono": root / "mono.txt", "kiwi": kiwi}
-
-
 def qe_ebm_config(world, run_dir, *overrides):
     # Energy only, from the first step, two micro-batches per step; a checkpoint after every step.
-    return make_config(world["base"], run_dir, "method=qe-ebm", f"data.mono.path={world['mono']}",
-                       f"qe.path={world['kiwi']}", "qe_ebm.num_samples=2", "qe_ebm.max_new_tokens=8", "data.dev.path=",
-                       "qe_ebm.alpha=0.0", "qe_ebm.beta_max=1.0", "qe_ebm.beta_ramp_steps=0", "optim.grad_accum=2",
-                       "output.save_every=1", "output.keep_last=0", *overrides)
+    return qe_config(world, run_dir, *ENERGY_ONLY, "optim.grad_accum=2", "output.save_every=1", "output.keep_last=0",
+                     *overrides)
 
 
 def poison_energy(monkeypatch, bad_calls: set[int]) -> None:
@@ -103,6 +85,15 @@ def test_nonfinite_steps_in_a_row_stop_the_run(world, tmp_path, monkeypatch):
     assert [p.name for p in ckpt.list_checkpoints(run / "checkpoints")] == ["step-0000001", "step-0000002"]
     assert_identical(ckpt.load_file(ckpt.step_dir(run / "checkpoints", 1) / "model.pt"),
                      ckpt.load_file(ckpt.step_dir(run / "checkpoints", 2) / "model.pt"))
+
+
+@pytest.mark.parametrize("override,message", [
+    ("output.preempt_signals=[SIGTERM,SIGFOO]", "output.preempt_signals: unknown signal 'SIGFOO'"),
+    ("optim.max_nonfinite_steps=-1", "optim.max_nonfinite_steps must be >= 0"),
+])
+def test_bad_fault_settings_fail_before_loading(world, tmp_path, override, message):
+    with pytest.raises(QeebmError, match=re.escape(message)):
+        train(make_config(world["base"], tmp_path / "run", "model.name_or_path=/nonexistent", override))
 
 
 def test_apply_update_applies_or_skips_without_touching_the_state():
@@ -189,37 +180,6 @@ class _MethodWithState:
         raise AssertionError("a refused file reached the method")
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _launch(base: Path, run_dir: Path, *args: str) -> subprocess.Popen:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "ACCELERATE_USE_CPU": "true",
-           "PYTHONPATH": os.pathsep.join([str(REPO), str(TESTS), os.environ.get("PYTHONPATH", "")])}
-    accelerate = Path(sys.executable).with_name("accelerate")
-    cmd = [str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-           "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
-           str(TESTS / "ddp_parity.py"), str(base), *args, f"output.run_dir={run_dir}"]
-    # Its own process group: the test signals the whole job, as SLURM signals every task.
-    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-
-
-def _finish(proc: subprocess.Popen, timeout: float) -> str:
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        pytest.fail("a two-process run did not finish in time")
-    return out
-
-
 def _signal_when(job: subprocess.Popen, metrics: Path, after: int, sig: str, to: str) -> None:
     """Wait until ``metrics`` holds ``after`` records, then signal the launcher or every worker."""
     import psutil
@@ -227,7 +187,7 @@ def _signal_when(job: subprocess.Popen, metrics: Path, after: int, sig: str, to:
     deadline = time.monotonic() + 120
     while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= after):
         if job.poll() is not None or time.monotonic() > deadline:
-            pytest.fail(f"the run ended or stalled before it could be signalled:\n{_finish(job, 5)[-3000:]}")
+            pytest.fail(f"the run ended or stalled before it could be signalled:\n{finish(job, 5)[-3000:]}")
         time.sleep(0.05)
     if to == "launcher":
         os.kill(job.pid, getattr(signal, sig))
@@ -246,13 +206,13 @@ def test_preempted_two_process_run_resumes_exactly(world, tmp_path):
     # Dropout on and a linear schedule: the resumed run must restore RNG states and schedule too.
     args = ["optim.max_steps=30", "optim.grad_accum=2", "model.dropout=null", "optim.scheduler=linear",
             "optim.warmup_steps=5", "logging.every=1"]
-    straight = _launch(world["base"], tmp_path / "straight", *args)
+    straight = launch_two(world["base"], tmp_path / "straight", *args)
     run = tmp_path / "preempted"
     stops = []
     for sig, to in (("SIGUSR1", "workers"), ("SIGTERM", "launcher")):
-        job = _launch(world["base"], run, *args)
+        job = launch_two(world["base"], run, *args)
         _signal_when(job, run / "metrics.jsonl", (stops[-1] if stops else 0) + 2, sig, to)
-        out = _finish(job, 120)
+        out = finish(job, 120)
         # Signalled workers exit 0, and so does their launcher; a launcher that was itself signalled
         # reports the signal, whatever its workers did.
         assert to == "launcher" or job.returncode == 0, out[-3000:]
@@ -265,9 +225,9 @@ def test_preempted_two_process_run_resumes_exactly(world, tmp_path):
         assert {p.name for p in last.glob("rng-*.pt")} == {"rng-0.pt", "rng-1.pt"}
     assert 2 <= stops[0] < stops[1] < 30
 
-    resumed = _launch(world["base"], run, *args)
+    resumed = launch_two(world["base"], run, *args)
     for proc in (resumed, straight):
-        out = _finish(proc, 180)
+        out = finish(proc, 180)
         assert proc.returncode == 0, out[-3000:]
     log = (run / "train.log").read_text()
     assert all(f"resuming from {ckpt.step_dir(run / 'checkpoints', stop)}" in log for stop in stops)
