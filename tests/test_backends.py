@@ -176,5 +176,18 @@ def test_wandb_offline_run_holds_the_metrics(base, tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_SILENT", "true")
     cfg = make_config(base, tmp_path / "run", "optim.max_steps=2", "logging.report_to=[wandb]")
     train(cfg)
-    (summary,) = (tmp_path / "run" / "wandb").glob("offline-run-*/files/wandb-summary.json")
-    assert json.loads(summary.read_text())["train/loss"] == pytest.approx(read_metrics(tmp_path / "run")[-1]["loss"])
+    # The offline run's records (wandb's own reader of its run file): the history holds every step's loss.
+    from wandb.proto import wandb_internal_pb2
+    from wandb.sdk.internal import datastore
+
+    (path,) = (tmp_path / "run" / "wandb").glob("offline-run-*/run-*.wandb")
+    store, losses = datastore.DataStore(), {}
+    store.open_for_scan(str(path))
+    while (data := store.scan_data()) is not None:
+        record = wandb_internal_pb2.Record()
+        record.ParseFromString(data)
+        if record.WhichOneof("record_type") == "history":
+            items = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item}
+            if "train/loss" in items:
+                losses[items["_step"]] = items["train/loss"]
+    assert losses == {r["step"]: pytest.approx(r["loss"]) for r in read_metrics(tmp_path / "run")}
