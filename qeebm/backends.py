@@ -157,6 +157,15 @@ class WithExtras(torch.nn.Module):
         return self.model(*args, **kwargs)
 
 
+def trained_parameters(accelerator, model, optimizer) -> list[torch.nn.Parameter]:
+    """The parameters the updates train, as the model's own Parameter objects (for clipping and
+    gradient diagnostics): the optimiser's; under DeepSpeed, whose optimiser holds flat partitions
+    instead, the trainable ones of the engine's module (the method's extras included)."""
+    if deepspeed_engine(accelerator) is not None:
+        return [p for p in model.parameters() if p.requires_grad]
+    return [p for group in optimizer.param_groups for p in group["params"]]
+
+
 def module_to_prepare(accelerator, model: torch.nn.Module, extras: list) -> torch.nn.Module:
     """What goes into ``accelerator.prepare`` with the optimiser: under DeepSpeed the translator with
     the method's extra parameters; otherwise the translator (DDP wraps it alone; the loop averages

@@ -128,23 +128,40 @@ class GenerationConfig:
 
 @dataclass
 class EvalConfig:
-    """Periodic validation, best-checkpoint selection and early stopping."""
+    """Periodic validation, best-checkpoint selection and early stopping.
+
+    Every validation decodes the dev set (``generation``) and computes BLEU, chrF++ and the
+    teacher-forced NLL (``loss``); ``qe_metrics`` adds quality estimators' mean scores of the decoded
+    dev set: ``kiwi`` is the QE the run trains against (``qe.path``, or ``kiwi_path`` when set),
+    ``judge`` a held-out QE (``judge_path``). ``metric`` selects ``best/`` and drives early stopping
+    (the published setup selects on validation COMET-Kiwi); each of ``also_best`` keeps its own best
+    checkpoint in ``best-<metric>/`` (``loss`` is minimised, every other metric maximised). Metrics
+    that ``metric`` or ``also_best`` name are computed whether or not ``qe_metrics`` lists them."""
 
     every: int = 100  # steps; 0 disables periodic validation
     max_examples: int = 0  # 0 = whole dev set
-    metric: str = "chrf"  # bleu | chrf | loss (any key in the validation metrics)
+    metric: str = "chrf"  # bleu | chrf | loss | kiwi | judge
     mode: str = "max"  # max | min
     patience: int = 0  # validations without improvement before stopping; 0 = never stop early
+    qe_metrics: list[str] = field(default_factory=list)  # kiwi | judge
+    kiwi_path: str = ""  # "" = qe.path, the QE the run trains against
+    judge_path: str = ""
+    also_best: list[str] = field(default_factory=list)
 
 
 @dataclass
 class LoggingConfig:
-    """Where the training metrics go besides ``metrics.jsonl``: ``report_to`` takes any of
-    accelerate's trackers (tensorboard, wandb, mlflow, comet_ml, aim, clearml, dvclive, ...); an empty
-    list logs to metrics.jsonl alone. wandb runs offline with WANDB_MODE=offline; mlflow writes to
-    the run directory unless MLFLOW_TRACKING_URI says otherwise."""
+    """``every``: steps between metric records. ``diagnostics``: on those steps, also the gradient
+    norm of each weighted term of the loss (CE, energy, policy gradient, ...) over the trainable
+    parameters, and each term's norm ratio and cosine against the CE term (``diag/`` keys), measured
+    on the step's first micro-batch: two or three extra backward passes every ``every`` steps.
+    ``report_to``: where the records go besides ``metrics.jsonl``, any of accelerate's trackers
+    (tensorboard, wandb, mlflow, comet_ml, aim, clearml, dvclive, ...); an empty list logs to
+    metrics.jsonl alone. wandb runs offline with WANDB_MODE=offline; mlflow logs where its own
+    settings (MLFLOW_TRACKING_URI) point."""
 
     every: int = 10
+    diagnostics: bool = True
     report_to: list[str] = field(default_factory=lambda: ["tensorboard"])
     progress_bar: bool = True
 
@@ -199,10 +216,18 @@ class QeEbmConfig:
     Sampling: ``num_samples`` (K) per source, ancestral by default (temperature 1, top_k 0, top_p 1).
     ``relaxation``: how the sampled tokens carry the gradient into the QE: "st" (straight-through),
     "softmax" (expected embedding) or "gumbel-st" (straight-through Gumbel-softmax at ``tau``).
-    Schedule at optimiser step s (counted from 1): beta = beta_max * min(1, s / beta_ramp_steps)
-    (``beta_ramp_steps`` 0: beta_max throughout); alpha = ``alpha`` when set, else
-    1 - alpha_coupling * beta. The defaults are the published ramp: beta reaches 0.001 at step 4000,
-    alpha ends at 0.99."""
+    ``weighting: absolute`` (the published schedule) at optimiser step s (counted from 1):
+    beta = beta_max * min(1, s / beta_ramp_steps) (``beta_ramp_steps`` 0: beta_max throughout);
+    alpha = ``alpha`` when set, else max(0, 1 - alpha_coupling * beta). The defaults are the published
+    ramp: beta reaches 0.001 at step 4000, alpha ends at 0.99.
+
+    ``weighting: relative``: beta is chosen so that the energy's gradient is ``rho`` times the CE's,
+    ramped the same way: beta = rho * min(1, s / beta_ramp_steps) * alpha * |grad CE| / |grad E|, with
+    alpha = ``alpha`` when set, else 1. The two gradient norms (over the trainable parameters) are
+    measured on the first micro-batch of every ``rho_every``-th step (1: every step, the exact ratio
+    when there is one micro-batch and one process; averaged over processes) and reused in between.
+    rho = 0.1 means "the energy moves the model a tenth as hard as the supervised loss", whatever
+    the QE's score scale; each measurement costs two extra backward passes."""
 
     num_samples: int = 5
     max_new_tokens: int = 50
@@ -215,6 +240,9 @@ class QeEbmConfig:
     beta_ramp_steps: int = 4000
     alpha: Optional[float] = None
     alpha_coupling: float = 10.0
+    weighting: str = "absolute"  # absolute | relative
+    rho: float = 0.1
+    rho_every: int = 1
 
 
 @dataclass
@@ -403,6 +431,7 @@ CHOICES = {
     "qe.mode": ("static", "dynamic"),
     "qe.loss": ("nce", "margin"),
     "qe_ebm.relaxation": ("st", "softmax", "gumbel-st"),
+    "qe_ebm.weighting": ("absolute", "relative"),
     "reinforce.baseline": ("running_mean", "rloo", "none"),
     "reinforce.reward_scaling": ("max_abs", "whiten", "none"),
     **{f"data.{split}.format": CORPUS_FORMATS for split in SPLIT_FILES},

@@ -429,19 +429,30 @@ def run_config(run_dir: Union[str, Path]) -> Optional[dict]:
     return yaml.safe_load(path.read_text(encoding="utf-8")) or {}
 
 
-def run_model_dir(run_dir: Union[str, Path]) -> Path:
-    """The run's best checkpoint, else its final one."""
+def _is_model_dir(path: Path) -> bool:
+    return (path / "config.json").is_file() or (path / "adapter_config.json").is_file()
+
+
+def run_model_dir(run_dir: Union[str, Path], checkpoint: Optional[str] = None) -> Path:
+    """The run's ``checkpoint`` model (``best``, ``best-<metric>`` as ``eval.also_best`` keeps them,
+    ``final``), or by default its best checkpoint, else its final one."""
+    if checkpoint is not None:
+        path = Path(run_dir) / checkpoint
+        if not _is_model_dir(path):
+            raise QeebmError(f"{run_dir} holds no {checkpoint}/ model")
+        return path
     for name in ("best", "final"):
         candidate = Path(run_dir) / name
-        if (candidate / "config.json").is_file() or (candidate / "adapter_config.json").is_file():
+        if _is_model_dir(candidate):
             return candidate
     raise QeebmError(f"{run_dir} holds no best/ or final/ model: is it a finished qeebm run directory?")
 
 
 def run_of_model(model_path: Union[str, Path]) -> Optional[Path]:
-    """The run directory a ``<run>/best`` or ``<run>/final`` model belongs to, if it is one."""
+    """The run directory a ``<run>/best``, ``<run>/best-<metric>`` or ``<run>/final`` model belongs
+    to, if it is one."""
     path = Path(model_path)
-    if path.name in ("best", "final") and (path.parent / "config.yaml").is_file():
+    if (path.name in ("best", "final") or path.name.startswith("best-")) and (path.parent / "config.yaml").is_file():
         return path.parent
     return None
 
@@ -495,10 +506,10 @@ def _translate_test(model: str, src_lang: str, tgt_lang: str, src: list[str], ge
 def evaluate_run(run_dir: Union[str, Path], test=None, metrics: Optional[MetricSpec] = None, *,
                  split: str = "test", generation: Optional[GenerationConfig] = None,
                  system: Optional[str] = None, trained_on: Optional[str] = "auto",
-                 heldout: Union[Sequence[str], str] = "auto") -> tuple[dict, Path]:
-    """Evaluate a training run's best (else final) model and write ``<run>/eval/<split>.json``.
-    ``test`` defaults to the run's data.test; system, seed, config_id and trained_on come from the
-    run's config.yaml unless given. Returns (report, path)."""
+                 heldout: Union[Sequence[str], str] = "auto", checkpoint: Optional[str] = None) -> tuple[dict, Path]:
+    """Evaluate a training run's best (else final) model, or its ``checkpoint`` (e.g. ``best-chrf``),
+    and write ``<run>/eval/<split>.json``. ``test`` defaults to the run's data.test; system, seed,
+    config_id and trained_on come from the run's config.yaml unless given. Returns (report, path)."""
     from qeebm.data import Corpus
     from qeebm.report import config_id as make_config_id
 
@@ -506,7 +517,7 @@ def evaluate_run(run_dir: Union[str, Path], test=None, metrics: Optional[MetricS
     config = run_config(run_dir)
     if config is None:
         raise QeebmError(f"{run_dir} has no config.yaml: is it a qeebm run directory?")
-    model_dir = run_model_dir(run_dir)
+    model_dir = run_model_dir(run_dir, checkpoint)
     if test is None:
         test = CorpusConfig(**((config.get("data") or {}).get("test") or {}))
     src, ref, path = read_test(test)

@@ -36,11 +36,13 @@ from qeebm.backends import (
     make_accelerator,
     micro_step,
     module_to_prepare,
+    trained_parameters,
 )
 from qeebm.config import Config, flat_dict, to_dict
 from qeebm.data import StepSampler, filter_corpus, read_corpus
+from qeebm.diagnostics import term_gradient_stats
 from qeebm.errors import QeebmError
-from qeebm.evaluate import corpus_metrics, corpus_nll, translate_corpus
+from qeebm.evaluate import _shard, corpus_metrics, corpus_nll, translate_corpus
 from qeebm.methods import METHODS, Batch
 from qeebm.preemption import Preemption, parse_signals
 from qeebm.translator import Translator, eval_mode
@@ -48,7 +50,8 @@ from qeebm.translator import Translator, eval_mode
 log = logging.getLogger("qeebm.loop")
 
 SCHEDULERS = {"linear": "linear", "cosine": "cosine", "constant": "constant_with_warmup"}
-VAL_METRICS = ("bleu", "chrf", "loss")
+QE_VAL_METRICS = ("kiwi", "judge")  # mean QE score of the decoded dev set
+VAL_METRICS = ("bleu", "chrf", "loss") + QE_VAL_METRICS
 
 
 @dataclass
@@ -69,6 +72,7 @@ class LoopState:
     bad_evals: int = 0  # validations since the last improvement
     elapsed: float = 0.0
     validations: list[dict] = field(default_factory=list)
+    also_best: dict[str, float] = field(default_factory=dict)  # eval.also_best metric -> its best value
     nonfinite_steps: int = 0  # steps skipped for a non-finite loss or gradient norm, in all
     nonfinite_in_a_row: int = 0  # ... and the current streak of them (optim.max_nonfinite_steps)
 
@@ -123,20 +127,30 @@ def train(cfg: Config) -> TrainResult:
         if resume_from is not None and not ckpt.restore_rng(resume_from, accelerator.process_index):
             log.warning("checkpoint has no RNG state for process %d: dropout will differ", accelerator.process_index)
 
+        qe_scorers = ValidationScorers(cfg, accelerator.device)
+
         def validate_and_select() -> None:
             # prepared is in train mode here (set before the loop; methods restore modes), so eval_mode
             # hands it back in train mode.
             with ckpt.preserve_rng(), eval_mode(prepared):
-                result = validate(cfg, translator, dev_set, accelerator)
+                result, seconds = validate(cfg, translator, dev_set, accelerator, qe_scorers)
             value = result[cfg.eval.metric]
             improved = state.best is None or (value > state.best if cfg.eval.mode == "max" else value < state.best)
             state.best, state.bad_evals = (value, 0) if improved else (state.best, state.bad_evals + 1)
             state.validations.append({"step": state.step, **result})
-            metrics_log.write(state.step, {f"val/{k}": v for k, v in result.items()} | {"elapsed": time.time() - start})
-            if improved and accelerator.is_main_process:
-                with ckpt.atomic_dir(run_dir / "best") as tmp:
-                    translator.save(tmp)
-                log.info("new best %s=%.4f at step %d -> %s", cfg.eval.metric, value, state.step, run_dir / "best")
+            metrics_log.write(state.step, {f"val/{k}": v for k, v in result.items()}
+                              | {f"val/seconds_{k}": v for k, v in seconds.items()} | {"elapsed": time.time() - start})
+            chosen = [("best", cfg.eval.metric)] if improved else []
+            for name in cfg.eval.also_best:
+                old, new = state.also_best.get(name), result[name]
+                if old is None or (new < old if name == "loss" else new > old):
+                    state.also_best[name] = new
+                    chosen.append((f"best-{name}", name))
+            if chosen and accelerator.is_main_process:
+                for dirname, metric in chosen:
+                    with ckpt.atomic_dir(run_dir / dirname) as tmp:
+                        translator.save(tmp)
+                    log.info("new best %s=%.4f at step %d -> %s", metric, result[metric], state.step, run_dir / dirname)
             accelerator.wait_for_everyone()
 
         def save() -> None:
@@ -235,10 +249,12 @@ def train_step(step, cfg, accelerator, translator, model, method, optimizer, sch
     #    method asks for more (PPO). Each micro-batch contributes its share of the minibatch.
     epochs, minibatches = getattr(method, "epochs", 1), getattr(method, "minibatches", 1)
     minibatch = getattr(method, "minibatch", None)
-    params = [p for group in optimizer.param_groups for p in group["params"]]
+    params = trained_parameters(accelerator, model, optimizer)
     extra = list(getattr(method, "extra_parameters", list)())
     # With clipping off, an infinite threshold still measures the norm and scales by exactly 1.
     max_norm = cfg.optim.max_grad_norm if cfg.optim.max_grad_norm > 0 else math.inf
+    # Gradient diagnostics on the logged steps, from the first micro-batch of the first update.
+    diagnose = cfg.logging.diagnostics and step % cfg.logging.every == 0
     updates: dict[str, float] = {"loss": 0.0}
     grad_norm = 0.0
     outcomes = []
@@ -249,6 +265,10 @@ def train_step(step, cfg, accelerator, translator, model, method, optimizer, sch
                 # Gradients are exchanged once, on the last micro-step.
                 with micro_step(accelerator, model, last=micro == accum - 1):
                     out = method.loss(minibatch(rollout, epoch, part) if minibatch is not None else rollout)
+                    if diagnose and epoch == part == micro == 0 and len(out.terms) > 1:
+                        # A mean over processes: each measured its own micro-batch.
+                        for key, value in term_gradient_stats(out.terms, params).items():
+                            sums[f"diag/{key}"] = value / world
                     # DDP averages gradients over processes; the contributions must be summed.
                     backward(accelerator, out.loss * world)
                 losses.append(out.loss.item())
@@ -328,11 +348,73 @@ def count_label_tokens(translator, data, idx) -> int:
     return int((labels != -100).sum())
 
 
-def validate(cfg, translator, dev, accelerator) -> dict[str, float]:
+def validate(cfg, translator, dev, accelerator, qe_scorers=None) -> tuple[dict[str, float], dict[str, float]]:
+    """Validation metrics of the dev set (its first ``eval.max_examples``), and the seconds each
+    part took: decoding, BLEU/chrF++, NLL and every QE metric."""
     n = cfg.eval.max_examples or len(dev.src)
     src, tgt = dev.src[:n], dev.tgt[:n]
+    seconds: dict[str, float] = {}
+    t = time.perf_counter()
     hyps = translate_corpus(translator, src, cfg.generation, accelerator)
-    return {**corpus_metrics(hyps, tgt), "loss": corpus_nll(translator, src, tgt, cfg.generation.batch_size, accelerator)}
+    seconds["decode"] = time.perf_counter() - t
+    t = time.perf_counter()
+    result = corpus_metrics(hyps, tgt)
+    seconds["sacrebleu"] = time.perf_counter() - t
+    t = time.perf_counter()
+    result["loss"] = corpus_nll(translator, src, tgt, cfg.generation.batch_size, accelerator)
+    seconds["loss"] = time.perf_counter() - t
+    for name, scorer in (qe_scorers.items() if qe_scorers is not None else []):
+        t = time.perf_counter()
+        result[name] = mean_qe_score(scorer, src, hyps, accelerator)
+        seconds[name] = time.perf_counter() - t
+    return result, seconds
+
+
+def validation_qe_metrics(cfg) -> list[str]:
+    """The QE metrics every validation computes: those listed, selected on, or kept a best of."""
+    wanted = set(cfg.eval.qe_metrics) | {cfg.eval.metric} | set(cfg.eval.also_best)
+    return [name for name in QE_VAL_METRICS if name in wanted]
+
+
+def qe_metric_path(cfg, name: str) -> str:
+    if name == "kiwi":
+        return cfg.eval.kiwi_path or cfg.qe.path
+    if not cfg.eval.judge_path:
+        raise QeebmError("validation metric 'judge' needs a held-out QE: set eval.judge_path")
+    return cfg.eval.judge_path
+
+
+class ValidationScorers(dict):
+    """name -> QEScorer of each validation QE metric, loaded at the first validation and kept
+    (a CometKiwi takes seconds to load; scores of repeated dev outputs come from the cache)."""
+
+    def __init__(self, cfg, device):
+        super().__init__()
+        self.cfg, self.device, self.loaded = cfg, device, False
+
+    def items(self):
+        if not self.loaded:
+            from qeebm.qe.models import load_qe
+            from qeebm.qe.scoring import QEScorer
+
+            for name in validation_qe_metrics(self.cfg):
+                # comet builds random modules before loading weights: the run's RNG stays untouched.
+                with torch.random.fork_rng(devices=[]):
+                    self[name] = QEScorer(load_qe(qe_metric_path(self.cfg, name)).to(self.device))
+            self.loaded = True
+        return super().items()
+
+
+def mean_qe_score(scorer, src: list[str], hyps: list[str], accelerator=None) -> float:
+    """Mean QE score of (src, hyp) pairs; each process scores its shard of a corpus every process
+    holds whole, and the sums are added up."""
+    idx = _shard(list(range(len(src))), accelerator)
+    device = accelerator.device if accelerator is not None else torch.device("cpu")
+    total = torch.tensor([sum(scorer.score([src[i] for i in idx], [hyps[i] for i in idx])) if idx else 0.0,
+                          float(len(idx))], dtype=torch.float64, device=device)
+    if accelerator is not None and accelerator.num_processes > 1:
+        total = accelerator.reduce(total, "sum")
+    return (total[0] / total[1].clamp(min=1)).item()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -371,6 +453,20 @@ def check_config(cfg, world: int) -> None:
                          f"{world} x {o.grad_accum}; batch_size is the global batch of one optimiser step")
     if cfg.eval.metric not in VAL_METRICS:
         raise QeebmError(f"eval.metric must be one of {', '.join(VAL_METRICS)}; got {cfg.eval.metric!r}")
+    for key, names, allowed in (("eval.qe_metrics", cfg.eval.qe_metrics, QE_VAL_METRICS),
+                                ("eval.also_best", cfg.eval.also_best, VAL_METRICS)):
+        unknown = [n for n in names if n not in allowed]
+        if unknown:
+            raise QeebmError(f"{key} has unknown metrics {unknown}; choose from {', '.join(allowed)}")
+    if cfg.data.dev.path:
+        from qeebm.qe.models import _resolve_checkpoint
+
+        for name in validation_qe_metrics(cfg):
+            # A missing QE fails now, not at the first validation.
+            try:
+                _resolve_checkpoint(qe_metric_path(cfg, name))
+            except QeebmError as err:
+                raise QeebmError(f"validation metric '{name}': {err}") from None
     if cfg.logging.every < 1:
         raise QeebmError(f"logging.every must be at least 1; got {cfg.logging.every}")
     if o.max_nonfinite_steps < 0:

@@ -381,20 +381,39 @@ def evaluate_runs(plan: Plan) -> None:
 
     spec = metric_spec(plan)
     for i, run in enumerate(plan.runs, 1):
-        if run.report.is_file():
-            log.info("[%d/%d] %s seed %d: already evaluated (%s)", i, len(plan.runs), run.system, run.seed, run.report)
-            continue
-        report, path = evaluate_run(run.run_dir, run.cfg.data.test, spec, generation=run.cfg.generation,
-                                    system=run.system)
-        log.info("[%d/%d] %s seed %d: %s -> %s", i, len(plan.runs), run.system, run.seed,
-                 " ".join(f"{k}={v:.4g}" for k, v in report["corpus"].items()), path)
-        _free_memory()
+        # best/ (selected by eval.metric) as test.json; each eval.also_best choice as test-best-<metric>.json
+        for checkpoint, split in selections(run):
+            path = run.run_dir / "eval" / f"{split}.json"
+            if path.is_file():
+                log.info("[%d/%d] %s seed %d: already evaluated (%s)", i, len(plan.runs), run.system, run.seed, path)
+                continue
+            if checkpoint != "best" and not (run.run_dir / checkpoint).is_dir():
+                continue  # no validation ran, so no such choice was made
+            report, path = evaluate_run(run.run_dir, run.cfg.data.test, spec, generation=run.cfg.generation,
+                                        system=run.system, checkpoint=None if checkpoint == "best" else checkpoint,
+                                        split=split)
+            log.info("[%d/%d] %s seed %d, %s: %s -> %s", i, len(plan.runs), run.system, run.seed, checkpoint,
+                     " ".join(f"{k}={v:.4g}" for k, v in report["corpus"].items()), path)
+            _free_memory()
+
+
+def selections(run: Run) -> list[tuple[str, str]]:
+    """(checkpoint, report split) of each checkpoint choice a run makes: best/ by eval.metric, and
+    best-<metric>/ for each of eval.also_best."""
+    return [("best", "test")] + [(f"best-{m}", f"test-best-{m}") for m in run.cfg.eval.also_best]
 
 
 def compare_runs(plan: Plan) -> str:
+    """The comparison of the best/ choices, and (written beside it) of each other selection."""
     from qeebm.compare import run as compare
 
-    return compare(plan.run_dirs(), baseline=plan.baseline, out=plan.results, plots=True)
+    text = compare(plan.run_dirs(), baseline=plan.baseline, out=plan.results, plots=True)
+    splits = dict.fromkeys(split for run in plan.runs for _, split in selections(run)[1:])
+    for split in splits:
+        if all((Path(d) / "eval" / f"{split}.json").is_file() for d in plan.run_dirs()):
+            compare(plan.run_dirs(), split=split, baseline=plan.baseline, out=plan.results / split, plots=False)
+            text += f"\n(selected by {split.removeprefix('test-best-')} instead: {plan.results / split}/comparison.md)\n"
+    return text
 
 
 def execute(plan: Plan) -> None:

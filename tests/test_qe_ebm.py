@@ -22,7 +22,10 @@ from qeebm.data import write_lines
 from qeebm.errors import QeebmError
 from qeebm.loop import count_label_tokens, load_data, load_mono, make_batch, train
 from qeebm.methods import METHODS
+from qeebm.diagnostics import term_gradient_stats
 from qeebm.methods.qe_ebm import schedule
+from qeebm.methods.sampling import sample
+from qeebm.rl import sequence_logprobs
 from qeebm.translator import Translator
 
 # Few, short samples: the tests need the paths to run, not good translations.
@@ -81,6 +84,11 @@ def test_published_schedule():
     # A fixed alpha, and a constant beta without a ramp.
     assert schedule(7, QeEbmConfig(alpha=0.5, beta_max=0.2, beta_ramp_steps=0)) == (0.5, 0.2)
     assert schedule(50, QeEbmConfig(beta_max=0.0)) == (1.0, 0.0)
+    # alpha = 1 - 10 beta is floored at 0, as the reference code does: beta_max 50 would otherwise give
+    # a negative alpha and the run would maximise the CE. Ramped over 100 steps, beta = 50 s / 100:
+    # s=1: beta 0.5, alpha max(0, 1 - 5) = 0.  Unramped beta 0.05: alpha 1 - 0.5 = 0.5.
+    assert schedule(1, QeEbmConfig(beta_max=50.0, beta_ramp_steps=100)) == (0.0, 0.5)
+    assert schedule(1, QeEbmConfig(beta_max=0.05, beta_ramp_steps=0)) == pytest.approx((0.5, 0.05))
 
 
 def test_bad_settings_fail_before_loading(world, tmp_path):
@@ -111,9 +119,11 @@ def test_energy_moves_the_translator_and_never_the_qe(world, tmp_path, family, l
     optimizer.step()
     assert changed(tr_before, tr.model) == expected
     assert changed(qe_before, method.qe) == set()
-    for key in ("qe-ebm/ce", "qe-ebm/energy", "qe-ebm/sample_score", "qe-ebm/len_ratio", "qe-ebm/empty_rate",
-                "qe-ebm/copy_rate", "qe-ebm/alpha", "qe-ebm/beta"):
+    for key in ("qe-ebm/energy", "qe-ebm/sample_score", "qe-ebm/score_spread", "qe-ebm/len_ratio",
+                "qe-ebm/empty_rate", "qe-ebm/copy_rate", "qe-ebm/alpha", "qe-ebm/beta"):
         assert isinstance(out.metrics[key], float), key
+    # alpha = 0: no CE forward, no CE term.
+    assert "qe-ebm/ce" not in out.metrics and set(out.terms) == {"energy"}
     # The energy term is the mean of -score over the M*K samples, and the straight-through value is the
     # score of the emitted text.
     scores = method.energy.score_ids(rollout.src, rollout.mt_ids, rollout.mt_mask)
@@ -171,6 +181,127 @@ def test_step_against_the_energy_gradient_raises_the_qe_score(world, tmp_path, f
     drop = out.loss.item() - after.loss.item()
     assert drop > 0
     assert drop == pytest.approx(eta * sq, rel=0.05)
+
+
+# ------------------------------------------------------------------- gradient diagnostics, weighting
+def _grads(term, params):
+    """The gradient of ``term`` by a plain backward pass (what an optimiser would see)."""
+    for p in params:
+        p.grad = None
+    term.backward()
+    return [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in params]
+
+
+def test_term_gradient_stats_equal_two_backward_passes(world, tmp_path):
+    cfg = qe_config(world, tmp_path / "run", "qe_ebm.alpha=0.7", "qe_ebm.beta_max=0.3", "qe_ebm.beta_ramp_steps=0")
+    tr, method, batch = build(cfg)
+    tr.model.eval()  # dropout off: the three forward passes below build the same graph
+    params = [p for p in tr.model.parameters() if p.requires_grad]
+    with torch.no_grad():
+        rollout = method.rollout(batch)
+    g_ce = _grads(method.loss(rollout).terms["ce"], params)
+    g_e = _grads(method.loss(rollout).terms["energy"], params)
+    out = method.loss(rollout)
+    stats = term_gradient_stats(out.terms, params)
+    norm = lambda g: sum((x.double() ** 2).sum() for x in g).sqrt().item()  # noqa: E731
+    dot = sum((a.double() * b.double()).sum() for a, b in zip(g_ce, g_e)).item()
+    assert stats["grad_ce"] == pytest.approx(norm(g_ce), rel=1e-5)
+    assert stats["grad_energy"] == pytest.approx(norm(g_e), rel=1e-5)
+    assert stats["ratio_energy"] == pytest.approx(norm(g_e) / norm(g_ce), rel=1e-5)
+    assert stats["cos_energy"] == pytest.approx(dot / (norm(g_e) * norm(g_ce)), abs=1e-5)
+    # The terms are the weighted parts of the loss and leave .grad alone; the loss still backpropagates.
+    assert out.loss.item() == pytest.approx(sum(t.item() for t in out.terms.values()), rel=1e-6)
+    for p in params:
+        p.grad = None
+    out.loss.backward()
+    assert all(p.grad is not None for p in params)
+
+
+def test_relative_weighting_hits_rho_and_is_scale_free(world, tmp_path):
+    cfg = qe_config(world, tmp_path / "run", "qe_ebm.weighting=relative", "qe_ebm.rho=0.1", "qe_ebm.beta_ramp_steps=0")
+    tr, method, batch = build(cfg)
+    tr.model.eval()
+    params = [p for p in tr.model.parameters() if p.requires_grad]
+    with torch.no_grad():
+        rollout = method.rollout(batch)
+    out = method.loss(rollout)
+    stats = term_gradient_stats(out.terms, params)
+    assert stats["ratio_energy"] == pytest.approx(0.1, abs=1e-3)
+    update = torch.autograd.grad(out.loss, params)
+    # Doubling the QE's score scale doubles the energy's gradient; beta halves, the update stays.
+    head = [m for m in method.qe.estimator.modules() if isinstance(m, torch.nn.Linear)][-1]
+    with torch.no_grad():
+        head.weight.mul_(2)
+        head.bias.mul_(2)
+    method.grad_ratio = None  # measure again
+    doubled = method.loss(rollout)
+    assert doubled.metrics["qe-ebm/energy"] == pytest.approx(2 * out.metrics["qe-ebm/energy"], rel=1e-6)
+    assert doubled.metrics["qe-ebm/beta"] == pytest.approx(out.metrics["qe-ebm/beta"] / 2, rel=1e-6)
+    for a, b in zip(update, torch.autograd.grad(doubled.loss, params)):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-8)
+
+
+def test_relative_weighting_reuses_its_measurement_between_due_steps(world, tmp_path):
+    cfg = qe_config(world, tmp_path / "run", "qe_ebm.weighting=relative", "qe_ebm.rho_every=3", "qe_ebm.beta_ramp_steps=0")
+    tr, method, batch = build(cfg)
+    with torch.no_grad():
+        rollout = method.rollout(batch)
+    method.loss(rollout)
+    assert method.ratio_step == 1
+    measured = method.grad_ratio
+    method.grad_ratio = 123.0  # a stand-in measurement: steps 2 and 3 must use it, step 4 replace it
+    for step, expected_step, ratio in ((2, 1, 123.0), (3, 1, 123.0), (4, 4, measured)):
+        rollout.batch.step = step
+        out = method.loss(rollout)
+        assert method.ratio_step == expected_step
+        assert method.grad_ratio == pytest.approx(ratio, rel=1e-9)
+        # beta = rho * alpha * ratio (no ramp, alpha 1, rho 0.1), the micro-batch's whole step
+        assert out.metrics["qe-ebm/beta"] == pytest.approx(0.1 * ratio, rel=1e-9)
+    state = method.state_dict()
+    assert state["grad_ratio"] == method.grad_ratio and state["ratio_step"] == 4
+
+
+def test_relative_weighting_needs_a_ce_term(world, tmp_path):
+    with pytest.raises(QeebmError, match="alpha must be > 0"):
+        train(qe_config(world, tmp_path / "a", "qe_ebm.weighting=relative", "qe_ebm.alpha=0"))
+
+
+def test_straight_through_sgd_raises_the_expected_qe_score(world, tmp_path):
+    # Energy only, a few steps of plain SGD on one fixed batch. Straight-through's gradient is that of
+    # the first-order expansion of the expected score around each sample, so the translator must move
+    # towards what the QE prefers: (1) its probability mass over a fixed set of its own samples of
+    # those sources shifts towards the higher-scored ones (the self-normalised importance-weighted
+    # mean score rises), and (2) fresh samples drawn with one seed score higher. The tiny random QE is
+    # nearly flat (gradient norm ~1e-3), hence the large rate; with the sign flipped both fall.
+    cfg = qe_config(world, tmp_path / "run", *ENERGY_ONLY)
+    tr, method, batch = build(cfg)
+    params = [p for p in tr.model.parameters() if p.requires_grad]
+
+    def draw(seed: int):
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            drawn = sample(tr, batch.mono, 32, method.gen, decode=False)
+            mask = tr.teacher_forcing(drawn.sequences)["labels"] != -100
+            return drawn, method.energy.score_ids(drawn.src, drawn.tokens, mask).view(len(batch.mono), 32)
+
+    def logp(drawn) -> torch.Tensor:
+        with torch.no_grad():
+            logits = tr.model(input_ids=drawn.input_ids, attention_mask=drawn.attention_mask,
+                              decoder_input_ids=drawn.decoder_input_ids).logits
+            return sequence_logprobs(logits, drawn.tokens, drawn.mask)[1].view(len(batch.mono), 32)
+
+    fixed, fixed_scores = draw(0)
+    logp_before, fresh_before = logp(fixed), draw(1)[1].mean().item()
+    optimizer = torch.optim.SGD(params, lr=50.0)
+    for _ in range(5):
+        with torch.no_grad():
+            rollout = method.rollout(batch)
+        optimizer.zero_grad()
+        method.loss(rollout).loss.backward()
+        optimizer.step()
+    weights = torch.softmax(logp(fixed) - logp_before, dim=1)  # p_new / p_old, normalised per source
+    assert (weights * fixed_scores).sum(1).mean().item() > fixed_scores.mean().item()
+    assert draw(1)[1].mean().item() > fresh_before
 
 
 # ----------------------------------------------------------------------------------- QE-dynamic
@@ -282,8 +413,10 @@ def test_ddp_processes_hold_the_same_qe(world, tmp_path):
 
     from test_loop import REPO, TESTS, _free_port
 
+    # Relative weighting too: its measurement is all-reduced inside the loss (a collective every
+    # process must reach), and the logged gradient diagnostics run beside DDP's own backward.
     cfg = qe_config(world, tmp_path / "run", "qe.mode=dynamic", "qe.warmup_steps=0", "optim.max_steps=3",
-                    "optim.grad_accum=2", "qe.max_grad_norm=1.0")
+                    "optim.grad_accum=2", "qe.max_grad_norm=1.0", "qe_ebm.weighting=relative", "qe_ebm.rho_every=2")
     config = tmp_path / "run.yaml"
     from qeebm.config import dump_config
 
@@ -309,4 +442,6 @@ def test_ddp_processes_hold_the_same_qe(world, tmp_path):
     first = torch.load(tmp_path / "run" / "qe-step1-rank0.pt", weights_only=True)
     last = torch.load(tmp_path / "run" / "qe-step3-rank0.pt", weights_only=True)
     assert any(not torch.equal(first[n], last[n]) for n in first)
-    assert [r["step"] for r in read_metrics(tmp_path / "run")] == [1, 2, 3]
+    rows = read_metrics(tmp_path / "run")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert all(r["diag/ratio_energy"] > 0 and r["qe-ebm/beta"] > 0 for r in rows)

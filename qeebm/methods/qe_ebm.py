@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -38,6 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from qeebm.config import Config, QEConfig, QeEbmConfig
+from qeebm.diagnostics import term_gradient_stats
 from qeebm.errors import QeebmError
 from qeebm.methods.base import Batch, StepOutput
 from qeebm.methods.sampling import mono_sources, sample, sampling_config
@@ -52,12 +54,20 @@ log = logging.getLogger(__name__)
 QE_PARTS = ("head", "layerwise", "lora")
 
 
+def ramp(step: int, c: QeEbmConfig) -> float:
+    """The energy weight's warm-up factor at optimiser step ``step`` (counted from 1), in [0, 1]."""
+    return min(1.0, step / c.beta_ramp_steps) if c.beta_ramp_steps > 0 else 1.0
+
+
 def schedule(step: int, c: QeEbmConfig) -> tuple[float, float]:
-    """(alpha, beta) at optimiser step ``step``, counted from 1."""
-    # Reference code: beta = min(1, step / 4000) * 0.001, alpha = 1 - 10 * beta.
-    ramp = min(1.0, step / c.beta_ramp_steps) if c.beta_ramp_steps > 0 else 1.0
-    beta = c.beta_max * ramp
-    alpha = c.alpha if c.alpha is not None else 1.0 - c.alpha_coupling * beta
+    """(alpha, beta) at optimiser step ``step`` under ``weighting: absolute``. Under ``relative`` the
+    alpha is the same rule's and beta is chosen in ``QeEbm.loss`` from measured gradient norms."""
+    if c.weighting == "relative":
+        return (c.alpha if c.alpha is not None else 1.0), 0.0
+    # Reference code: beta = min(1, step / 4000) * 0.001, alpha = 1 - 10 * beta, floored at 0 as the
+    # reference floors it (without the floor, beta_max > 1 / alpha_coupling maximises the CE).
+    beta = c.beta_max * ramp(step, c)
+    alpha = c.alpha if c.alpha is not None else max(0.0, 1.0 - c.alpha_coupling * beta)
     return alpha, beta
 
 
@@ -80,10 +90,12 @@ class QeEbmRollout:
     decoder_input_ids: ``[M*K, T]`` teacher-forcing inputs replaying the samples (``</s>``, code, ...).
     mt_ids:            ``[M*K, T]`` the emitted tokens (code, tokens, ``</s>``, padding).
     mt_mask:           ``[M*K, T]`` True up to and including the first ``</s>``.
-    alpha, beta:       this step's weights.
+    alpha, beta:       this step's weights (beta is set in ``loss`` under relative weighting).
     normaliser:        samples in the whole step, ``global_mono * K``.
     stats:             sample statistics, already contributions.
     alignment:         the bridge's alignment of (mt_ids, mt_mask), reused by the energy.
+    scores:            ``[M*K]`` exact QE scores of the samples when the relaxation's forward value is
+                       not (softmax, gumbel-st); None under st, whose energy is the exact score.
     """
 
     batch: Batch
@@ -98,6 +110,7 @@ class QeEbmRollout:
     normaliser: int
     stats: dict[str, float]
     alignment: Alignment | None = None
+    scores: torch.Tensor | None = None
 
 
 class QeEbm:
@@ -121,6 +134,14 @@ class QeEbm:
         self.energy.to(translator.device)
         self.qe_optimizer = (torch.optim.AdamW(list(self.qe_params.values()), lr=self.q.lr,
                                                weight_decay=self.q.weight_decay) if self.dynamic else None)
+        # Relative weighting: |grad CE| / |grad E| of the last measurement, and its step.
+        self.grad_ratio: float | None = None
+        self.ratio_step = 0
+        c = self.c
+        if c.weighting == "absolute" and c.alpha is None and c.alpha_coupling * c.beta_max > 1:
+            floor = math.ceil(c.beta_ramp_steps / (c.alpha_coupling * c.beta_max)) if c.beta_ramp_steps else 1
+            log.warning("qe_ebm: alpha = 1 - %g * beta reaches 0 at step %d and stays there (beta_max %g): "
+                        "the CE term is off from then on", c.alpha_coupling, floor, c.beta_max)
         log.info("QE %s (%s): %d trainable parameters%s", self.q.path, self.q.mode,
                  sum(p.numel() for p in self.qe_params.values()),
                  f" ({', '.join(self.q.train_parts)}; updated every {self.q.interval} step(s) after step {self.q.warmup_steps})"
@@ -136,6 +157,14 @@ class QeEbm:
                 raise QeebmError(f"config key '{key}' must be >= {low}; got {value}")
         if c.tau <= 0:
             raise QeebmError(f"config key 'qe_ebm.tau' must be > 0; got {c.tau}")
+        if c.weighting == "relative":
+            if c.rho < 0 or c.rho_every < 1:
+                raise QeebmError(f"qe_ebm.weighting=relative needs qe_ebm.rho >= 0 and qe_ebm.rho_every >= 1; "
+                                 f"got {c.rho} and {c.rho_every}")
+            if c.alpha is not None and c.alpha <= 0:
+                raise QeebmError("qe_ebm.weighting=relative sets the energy's weight relative to the CE term's "
+                                 f"gradient, so qe_ebm.alpha must be > 0; got {c.alpha} (for energy only, use "
+                                 "weighting=absolute with alpha=0)")
         unknown = [p for p in q.train_parts if p not in QE_PARTS]
         if unknown:
             raise QeebmError(f"config key 'qe.train_parts' has unknown parts {unknown}; choose from {', '.join(QE_PARTS)}")
@@ -158,36 +187,62 @@ class QeEbm:
         alignment = self.energy.align(mt_ids, mt_mask)
         texts = alignment.texts
         norm = batch.global_mono * k
-        share = len(batch.src) / batch.global_examples  # this micro-batch's share of the step
         stats = {
-            "qe-ebm/alpha": alpha * share,
-            "qe-ebm/beta": beta * share,
             "qe-ebm/len_ratio": sum(len(t) / max(1, len(s)) for t, s in zip(texts, src)) / norm,
             "qe-ebm/empty_rate": sum(not t.strip() for t in texts) / norm,
             "qe-ebm/copy_rate": sum(bool(t.strip()) and _same_text(t, s) for t, s in zip(texts, src)) / norm,
         }
-        if self.c.relaxation != "st":
-            # Only the straight-through forward value is the exact score of the emitted text.
-            stats["qe-ebm/sample_score"] = self.energy.score_ids(src, mt_ids, mt_mask, alignment=alignment).sum().item() / norm
+        # Only the straight-through forward value is the exact score of the emitted text.
+        scores = None if self.c.relaxation == "st" else self.energy.score_ids(src, mt_ids, mt_mask, alignment=alignment)
         return QeEbmRollout(batch=batch, src=src, input_ids=drawn.input_ids, attention_mask=drawn.attention_mask,
                             decoder_input_ids=drawn.decoder_input_ids, mt_ids=mt_ids, mt_mask=mt_mask,
-                            alpha=alpha, beta=beta, normaliser=norm, stats=stats, alignment=alignment)
+                            alpha=alpha, beta=beta, normaliser=norm, stats=stats, alignment=alignment, scores=scores)
 
     def loss(self, r: QeEbmRollout) -> StepOutput:
         b = r.batch
-        # The CE term exactly as method 'sft' computes it, so beta = 0 is SFT bit for bit.
-        ce, _ = label_smoothed_ce(self.model, b, self.label_smoothing, upcast=_upcast)
         # decoder_input_ids replay the samples; labels alone would make mBART rotate a cut-off row.
         tf_logits = self.model(input_ids=r.input_ids, attention_mask=r.attention_mask,
                                decoder_input_ids=r.decoder_input_ids).logits  # [M*K, T, V]
         energy = self.energy(r.src, r.mt_ids, r.mt_mask, _upcast(tf_logits), relaxation=self.c.relaxation,
                              tau=self.c.tau, alignment=r.alignment)  # [M*K]
         e = energy.sum() / r.normaliser
-        loss = r.alpha * ce + r.beta * e
-        metrics = {"qe-ebm/ce": ce.item(), "qe-ebm/energy": e.item(), **r.stats}
-        if self.c.relaxation == "st":
-            metrics["qe-ebm/sample_score"] = -e.item()
-        return StepOutput(loss=loss, metrics=metrics)
+        alpha, beta = r.alpha, r.beta
+        terms = {}
+        metrics = {"qe-ebm/energy": e.item(), **r.stats}
+        if alpha > 0:
+            # The CE term exactly as method 'sft' computes it, so beta = 0 is SFT bit for bit.
+            ce, _ = label_smoothed_ce(self.model, b, self.label_smoothing, upcast=_upcast)
+            metrics["qe-ebm/ce"] = ce.item()
+            if self.c.weighting == "relative":
+                beta = self.relative_beta(b.step, alpha, ce, e)
+            terms["ce"] = alpha * ce
+        terms["energy"] = beta * e
+        share = len(b.src) / b.global_examples  # this micro-batch's share of the step
+        metrics |= {"qe-ebm/alpha": alpha * share, "qe-ebm/beta": beta * share}
+        # The samples' exact QE scores: their mean, and their spread within a source (the signal a
+        # gradient or a leave-one-out baseline can use), a mean over the step's sources.
+        scores = (-energy.detach() if r.scores is None else r.scores).double().view(-1, self.k)  # [M, K]
+        metrics["qe-ebm/sample_score"] = scores.sum().item() / r.normaliser
+        if self.k > 1:
+            metrics["qe-ebm/score_spread"] = scores.std(dim=1).sum().item() * self.k / r.normaliser
+        return StepOutput(loss=sum(terms.values()), metrics=metrics, terms=terms)
+
+    def relative_beta(self, step: int, alpha: float, ce: torch.Tensor, e: torch.Tensor) -> float:
+        """beta = rho * ramp * alpha * |grad CE| / |grad E| (``weighting: relative``), the norms
+        measured on this micro-batch when a measurement is due, else the last measurement's."""
+        c = self.c
+        due = self.grad_ratio is None or (step != self.ratio_step and (step - 1) % c.rho_every == 0)
+        if due:
+            params = [p for p in self.model.parameters() if p.requires_grad]
+            stats = term_gradient_stats({"ce": ce, "energy": e}, params)
+            norms = torch.tensor([stats["grad_ce"], stats["grad_energy"]], dtype=torch.float64)
+            if torch.distributed.is_available() and torch.distributed.is_initialized():
+                # Every process must use the same beta (and save the same state).
+                torch.distributed.all_reduce(norms)
+            ce_norm, e_norm = norms.tolist()
+            self.grad_ratio = ce_norm / e_norm if e_norm > 0 else 0.0
+            self.ratio_step = step
+        return c.rho * ramp(step, c) * alpha * self.grad_ratio
 
     # ------------------------------------------------------------------------------- QE phase
     def qe_update_due(self, step: int) -> bool:
@@ -284,13 +339,16 @@ class QeEbm:
 
     # ------------------------------------------------------------------------------- helpers
     def state_dict(self) -> dict:
-        """QE-dynamic: the trainable QE parameters and the QE optimiser (nothing for QE-static)."""
+        """The last gradient-norm ratio (relative weighting); QE-dynamic: the trainable QE parameters
+        and the QE optimiser."""
+        state = {"grad_ratio": self.grad_ratio, "ratio_step": self.ratio_step}
         if not self.dynamic:
-            return {}
-        return {"qe": {n: p.detach().cpu().clone() for n, p in self.qe_params.items()},
-                "qe_optimizer": self.qe_optimizer.state_dict()}
+            return state
+        return state | {"qe": {n: p.detach().cpu().clone() for n, p in self.qe_params.items()},
+                        "qe_optimizer": self.qe_optimizer.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
+        self.grad_ratio, self.ratio_step = state.get("grad_ratio"), state.get("ratio_step", 0)
         if not self.dynamic:
             return
         saved = state.get("qe", {})

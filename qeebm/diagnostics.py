@@ -1,0 +1,59 @@
+"""Gradient diagnostics: how hard each part of a loss pulls on the model, and in which direction.
+
+A method's loss is a weighted sum of terms (``StepOutput.terms``: CE and energy for QE-EBM, CE and
+the policy gradient for REINFORCE, ...). Their weights only mean something next to the size of each
+term's gradient: at the published QE-EBM beta the energy's gradient was about a millionth of the
+CE's in the tiny world, so the method was SFT to six digits. ``term_gradient_stats`` measures each
+term's gradient over the trainable parameters without touching ``.grad``, so the step's own
+backward pass is unaffected.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+REFERENCE_TERM = "ce"
+
+
+def term_gradient_stats(terms: dict[str, torch.Tensor], params: list[torch.nn.Parameter],
+                        reference: str = REFERENCE_TERM) -> dict[str, float]:
+    """Norms of each term's gradient over ``params``, and each term's norm ratio and cosine against
+    the ``reference`` term when there is one.
+
+    Returns ``grad_<name>`` (the norm of each term's gradient), and for every term but the
+    reference ``ratio_<name>`` (its norm / the reference's) and ``cos_<name>`` (the cosine). The
+    graph of every term is kept (``retain_graph``), so the caller can still backpropagate the loss.
+    Only two gradients are alive at a time: the reference's and the current term's."""
+    params = [p for p in params if p.requires_grad]
+    if not terms or not params:
+        return {}
+    ref_grad = _gradient(terms[reference], params) if reference in terms else None
+    ref_norm = _norm(ref_grad) if ref_grad is not None else None
+    out: dict[str, float] = {}
+    if ref_norm is not None:
+        out[f"grad_{reference}"] = ref_norm
+    for name, term in terms.items():
+        if name == reference:
+            continue
+        grad = _gradient(term, params)
+        norm = _norm(grad)
+        out[f"grad_{name}"] = norm
+        if ref_grad is not None:
+            dot = sum(float(torch.sum(a.double() * b.double())) for a, b in zip(grad, ref_grad))
+            out[f"ratio_{name}"] = norm / ref_norm if ref_norm > 0 else math.inf
+            out[f"cos_{name}"] = dot / (norm * ref_norm) if norm > 0 and ref_norm > 0 else 0.0
+        del grad
+    return out
+
+
+def _gradient(term: torch.Tensor, params: list[torch.nn.Parameter]) -> list[torch.Tensor]:
+    if not term.requires_grad:
+        return [torch.zeros_like(p) for p in params]
+    grads = torch.autograd.grad(term, params, retain_graph=True, allow_unused=True)
+    return [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]
+
+
+def _norm(grads: list[torch.Tensor]) -> float:
+    return math.sqrt(sum(float(torch.sum(g.double() * g.double())) for g in grads))
