@@ -84,7 +84,7 @@ def overrides(name: str, lr: float, args, run_dir: Path) -> list[str]:
         "output.keep_last=1",
         f"logging.every={args.every}",
         "logging.progress_bar=false",
-        "logging.tensorboard=false",
+        "logging.report_to=[]",
     ]
 
 
