@@ -1,6 +1,7 @@
 """Faults a long run meets: a non-finite loss (skipped, counted, logged; too many in a row stop the
 run), a checkpoint file that would run code when loaded (refused), and preemption by a signal
-(checkpoint, exit 0, exact resume; a real two-process gloo run)."""
+(checkpoint, exit 0, exact resume; in one process with SIGTERM, and a real two-process gloo run with
+SIGUSR1)."""
 
 from __future__ import annotations
 
@@ -180,8 +181,8 @@ class _MethodWithState:
         raise AssertionError("a refused file reached the method")
 
 
-def _signal_when(job: subprocess.Popen, metrics: Path, after: int, sig: str, to: str) -> None:
-    """Wait until ``metrics`` holds ``after`` records, then signal the launcher or every worker."""
+def _signal_workers(job: subprocess.Popen, metrics: Path, after: int, sig: int) -> None:
+    """Wait until ``metrics`` holds ``after`` records, then signal every process the launcher started."""
     import psutil
 
     deadline = time.monotonic() + 120
@@ -189,50 +190,69 @@ def _signal_when(job: subprocess.Popen, metrics: Path, after: int, sig: str, to:
         if job.poll() is not None or time.monotonic() > deadline:
             pytest.fail(f"the run ended or stalled before it could be signalled:\n{finish(job, 5)[-3000:]}")
         time.sleep(0.05)
-    if to == "launcher":
-        os.kill(job.pid, getattr(signal, sig))
-    else:
-        # torchrun starts each worker in a session of its own: signal them one by one.
-        for worker in psutil.Process(job.pid).children(recursive=True):
-            worker.send_signal(getattr(signal, sig))
+    for worker in psutil.Process(job.pid).children(recursive=True):
+        worker.send_signal(sig)
+
+
+def test_sigterm_stops_after_the_step_and_the_same_command_resumes_exactly(world, tmp_path, monkeypatch, capsys):
+    """One process, SIGTERM raised inside step 3: the step completes, a checkpoint is written, the
+    run returns (the CLI then exits 0); running the same config again ends as an uninterrupted run."""
+    import qeebm.loop
+
+    real_step = qeebm.loop.train_step
+
+    def step_with_signal(step, *args, **kwargs):
+        if step == 3:
+            signal.raise_signal(signal.SIGTERM)  # arrives in the middle of the step
+        return real_step(step, *args, **kwargs)
+
+    common = ["optim.max_steps=6", "model.dropout=null", "optim.scheduler=linear", "optim.warmup_steps=2"]
+    train(make_config(world["base"], tmp_path / "straight", *common))
+    before = signal.getsignal(signal.SIGTERM)
+    monkeypatch.setattr(qeebm.loop, "train_step", step_with_signal)
+    cfg = make_config(world["base"], tmp_path / "run", *common)
+    result = train(cfg)
+    assert result.preempted and result.step == 3
+    assert signal.getsignal(signal.SIGTERM) == before  # the handler is gone with the run
+    assert f"preempted by SIGTERM after step 3 of 6: checkpoint {ckpt.step_dir(tmp_path / 'run' / 'checkpoints', 3)}" \
+        in capsys.readouterr().out
+    monkeypatch.setattr(qeebm.loop, "train_step", real_step)
+    assert train(cfg).step == 6
+    assert [r["loss"] for r in read_metrics(tmp_path / "run")] == [r["loss"] for r in read_metrics(tmp_path / "straight")]
+    for name in ("model.pt", "optimizer.pt", "scheduler.pt"):
+        assert_identical(ckpt.load_file(ckpt.step_dir(tmp_path / "straight" / "checkpoints", 6) / name),
+                         ckpt.load_file(ckpt.step_dir(tmp_path / "run" / "checkpoints", 6) / name), name)
 
 
 @pytest.mark.slow
 def test_preempted_two_process_run_resumes_exactly(world, tmp_path):
-    """A running two-process job is preempted twice: SIGUSR1 to every worker (what SLURM does to a
-    job's tasks), then, resumed, SIGTERM to the launcher (what Kubernetes does to a container's first
-    process; torchrun forwards it). Each time it finishes the step, writes a checkpoint and stops
-    cleanly; the same command resumes, and the final weights equal an uninterrupted run's."""
+    """A running two-process job gets SIGUSR1 on every worker (what SLURM does to a job's tasks;
+    torchrun starts each worker in a session of its own): the processes agree, finish the step, write
+    a checkpoint and exit 0, and so does the launcher; the same command resumes, and the final
+    weights equal an uninterrupted run's."""
     # Dropout on and a linear schedule: the resumed run must restore RNG states and schedule too.
-    args = ["optim.max_steps=30", "optim.grad_accum=2", "model.dropout=null", "optim.scheduler=linear",
+    args = ["optim.max_steps=20", "optim.grad_accum=2", "model.dropout=null", "optim.scheduler=linear",
             "optim.warmup_steps=5", "logging.every=1"]
     straight = launch_two(world["base"], tmp_path / "straight", *args)
     run = tmp_path / "preempted"
-    stops = []
-    for sig, to in (("SIGUSR1", "workers"), ("SIGTERM", "launcher")):
-        job = launch_two(world["base"], run, *args)
-        _signal_when(job, run / "metrics.jsonl", (stops[-1] if stops else 0) + 2, sig, to)
-        out = finish(job, 120)
-        # Signalled workers exit 0, and so does their launcher; a launcher that was itself signalled
-        # reports the signal, whatever its workers did.
-        assert to == "launcher" or job.returncode == 0, out[-3000:]
-        assert "exitcode  : 1" not in out, out[-3000:]
-        stops.append(int(re.search(rf"preempted by {sig} after step (\d+) of 30", out).group(1)))
-        assert "run the same command to resume" in out
-        last = ckpt.step_dir(run / "checkpoints", stops[-1])
-        assert ckpt.latest_checkpoint(run / "checkpoints") == last
-        # Both processes took part in that checkpoint.
-        assert {p.name for p in last.glob("rng-*.pt")} == {"rng-0.pt", "rng-1.pt"}
-    assert 2 <= stops[0] < stops[1] < 30
+    job = launch_two(world["base"], run, *args)
+    _signal_workers(job, run / "metrics.jsonl", after=2, sig=signal.SIGUSR1)
+    out = finish(job, 120)
+    assert job.returncode == 0, out[-3000:]
+    stopped = int(re.search(r"preempted by SIGUSR1 after step (\d+) of 20", out).group(1))
+    assert 2 <= stopped < 20 and "run the same command to resume" in out
+    last = ckpt.step_dir(run / "checkpoints", stopped)
+    assert ckpt.latest_checkpoint(run / "checkpoints") == last
+    # Both processes took part in that checkpoint.
+    assert {p.name for p in last.glob("rng-*.pt")} == {"rng-0.pt", "rng-1.pt"}
 
     resumed = launch_two(world["base"], run, *args)
     for proc in (resumed, straight):
         out = finish(proc, 180)
         assert proc.returncode == 0, out[-3000:]
-    log = (run / "train.log").read_text()
-    assert all(f"resuming from {ckpt.step_dir(run / 'checkpoints', stop)}" in log for stop in stops)
-    assert [r["step"] for r in read_metrics(run)] == list(range(1, 31))
+    assert f"resuming from {last}" in (run / "train.log").read_text()
+    assert [r["step"] for r in read_metrics(run)] == list(range(1, 21))
     assert [r["loss"] for r in read_metrics(run)] == [r["loss"] for r in read_metrics(tmp_path / "straight")]
     for name in ("model.pt", "optimizer.pt", "scheduler.pt"):
-        assert_identical(ckpt.load_file(ckpt.step_dir(tmp_path / "straight" / "checkpoints", 30) / name),
-                         ckpt.load_file(ckpt.step_dir(run / "checkpoints", 30) / name), name)
+        assert_identical(ckpt.load_file(ckpt.step_dir(tmp_path / "straight" / "checkpoints", 20) / name),
+                         ckpt.load_file(ckpt.step_dir(run / "checkpoints", 20) / name), name)
