@@ -175,9 +175,11 @@ class QEConfig:
 
     ``mode``: "static" keeps it frozen; "dynamic" also trains it, once every ``interval`` steps after
     ``warmup_steps``, with its own AdamW, on the labelled batch: the reference against K fresh samples
-    of the (frozen) translator. ``loss``: "nce" is BCE-with-logits on logit = QE(x, y) - log pbar(y|x)
-    (pbar: the translator's mean token probability, label-smoothed by ``label_smoothing``), target 1
-    for the reference and 0 for each sample; "margin" asks QE(x, ref) >= QE(x, y_k) + ``margin``.
+    of the (frozen) translator. ``loss``: "nce" (published) is BCE-with-logits on logit = QE(x, y) -
+    noise_weight * log pbar(y|x) (pbar: the translator's mean token probability, label-smoothed by
+    ``label_smoothing``), target 1 for the reference and 0 for each sample; "rank-nce" is the ranking
+    form of NCE on the same logits: cross-entropy of picking the reference among itself and its K
+    samples; "margin" asks QE(x, ref) >= QE(x, y_k) + ``margin``.
     ``train_parts``: any of "head" (estimator), "layerwise" (layer-wise attention), "lora" (peft LoRA
     adapters on the QE encoder, ``lora_*``). The translator's optimiser never sees QE parameters."""
 
@@ -185,8 +187,9 @@ class QEConfig:
     mode: str = "static"  # static | dynamic
     warmup_steps: int = 200  # dynamic: optimiser steps before the first QE update
     interval: int = 1  # dynamic: one QE update on every step that is a multiple of this, after warm-up
-    loss: str = "nce"  # nce | margin
+    loss: str = "nce"  # nce | rank-nce | margin
     label_smoothing: float = 0.1  # of log pbar in the NCE logit
+    noise_weight: float = 1.0  # of log pbar in the NCE logit (1: NCE; 0: the QE's own ranking)
     margin: float = 0.1  # margin loss: reference above each sample by this much
     train_parts: list[str] = field(default_factory=lambda: ["head", "layerwise", "lora"])
     lr: float = 3e-4
@@ -418,7 +421,7 @@ CHOICES = {
     "optim.mixed_precision": ("no", "fp16", "bf16"),
     "eval.mode": ("max", "min"),
     "qe.mode": ("static", "dynamic"),
-    "qe.loss": ("nce", "margin"),
+    "qe.loss": ("nce", "rank-nce", "margin"),
     "qe_ebm.relaxation": ("st", "softmax", "gumbel-st"),
     "qe_ebm.weighting": ("absolute", "relative"),
     "reinforce.baseline": ("running_mean", "rloo", "none"),
