@@ -217,8 +217,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="the main job on the tiny world: build it, train, evaluate, print",
                        description="Build the tiny world if absent, train SFT, REINFORCE, PPO, QE-EBM "
-                       "static and dynamic from its base translator with equal budgets, evaluate them on its test "
-                       "set (BLEU, chrF++, TER, tiny COMET, tiny Kiwi, held-out judge) and print the comparison.")
+                       "static and dynamic and QE finetuning from its base translator with equal budgets, evaluate "
+                       "them on its test set (BLEU, chrF++, TER, tiny COMET, tiny Kiwi, held-out judge), the base "
+                       "and the best system also with Kiwi reranking, and print the comparison.")
     p.add_argument("--world", help="tiny-world directory, built if absent (default data/tinyworld; "
                    "with --quick data/tinyworld-micro)")
     p.add_argument("--runs", default="runs/demo", help="where the runs go")
