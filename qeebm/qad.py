@@ -171,16 +171,11 @@ def chrf_matrix(metric, texts: Sequence[str]) -> np.ndarray:
 class ChrfUtility:
     """chrF++ (sacrebleu's defaults: 6 character orders, 2 word orders, beta 2) as MBR utility."""
 
-    name = CHRF
-
     def __init__(self):
         self.metric = make_metric("chrf")
 
     def matrices(self, src: Sequence[str], cands: Sequence[Sequence[str]]) -> list[np.ndarray]:
         return [chrf_matrix(self.metric, c) for c in cands]
-
-    def signature(self) -> str:
-        return f"chrf[{metric_signature('chrf')}]"
 
 
 class CometUtility:
@@ -188,8 +183,8 @@ class CometUtility:
     All pairs of all sources go to the scorer in one call: a QEScorer encodes each distinct
     sentence once and runs the estimator on the gathered embeddings."""
 
-    def __init__(self, scorer, name: str):
-        self.scorer, self.name = scorer, name
+    def __init__(self, scorer):
+        self.scorer = scorer
 
     def matrices(self, src: Sequence[str], cands: Sequence[Sequence[str]]) -> list[np.ndarray]:
         s, h, r = [], [], []
@@ -206,8 +201,10 @@ class CometUtility:
             start += n * n
         return out
 
-    def signature(self) -> str:
-        return f"comet[{self.name}]"
+
+def utility_signature(model: Optional[str]) -> str:
+    """An MBR utility as signatures name it: chrF++ with sacrebleu's signature, or the COMET model."""
+    return f"chrf[{metric_signature('chrf')}]" if not model else f"comet[{model}]"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -276,7 +273,7 @@ class Selection:
         if kind == "kiwi":
             raise QeebmError(f"--mbr needs a utility that reads a reference (chrf, COMET); {self.model} is a "
                              "reference-free QE: rerank with it instead (--rerank MODEL)")
-        utility = CometUtility(scorer, self.model)
+        utility = CometUtility(scorer)
         return lambda src, cands: mbr(utility, src, cands)
 
     def signature(self, gen: GenerationConfig) -> str:
@@ -286,10 +283,7 @@ class Selection:
             how = f"sample|t:{g.temperature}|top_k:{g.top_k}|top_p:{g.top_p}|eps:{g.epsilon}"
         else:
             how = f"beam{g.num_beams}"
-        if self.rule == "rerank":
-            what = f"qe:{self.model}"
-        else:
-            what = f"utility:{ChrfUtility().signature() if not self.model else f'comet[{self.model}]'}"
+        what = f"qe:{self.model}" if self.rule == "rerank" else f"utility:{utility_signature(self.model)}"
         return f"rule:{self.rule}|{what}|candidates:{self.candidates}|gen:{how}|max_new:{g.max_new_tokens}"
 
     def describe(self) -> str:
