@@ -120,6 +120,8 @@ class GenerationConfig:
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
+    # Epsilon sampling (Hewitt et al. 2022): tokens below this probability are never drawn; 0 = off.
+    epsilon: float = 0.0
     batch_size: int = 32
 
 
@@ -300,6 +302,36 @@ class PPOConfig:
 
 
 @dataclass
+class QeFinetuneConfig:
+    """QE finetuning (Finkelstein & Freitag 2023, "MBR and QE Finetuning"): loss = alpha * CE(labelled
+    batch) + beta * CE(source-only batch, each source's selected pseudo-target), both label-smoothed
+    token means like SFT's.
+
+    A pseudo-target is the best of ``num_candidates`` translations of the source by the *teacher*: the
+    translator as it was at the latest refresh, every ``refresh_every`` optimiser steps (0: never, so
+    the teacher stays the initial model, as in the paper's offline QE-finetuning data).
+    ``candidates``: "beam" (the N best of a beam of max(``num_beams``, N); N = 1 with num_beams 1 is
+    greedy) or "sample" (``temperature``, ``top_k``, ``top_p``, ``epsilon``: epsilon sampling).
+    ``selection``: "rerank" (the candidate with the highest score of the QE at ``qe.path``) or "mbr"
+    (the highest expected ``utility`` with the candidates as pseudo-references: "chrf" = chrF++, or
+    a reference-based COMET checkpoint)."""
+
+    num_candidates: int = 8
+    candidates: str = "beam"  # beam | sample
+    num_beams: int = 1
+    max_new_tokens: int = 50
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    epsilon: float = 0.0
+    selection: str = "rerank"  # rerank | mbr
+    utility: str = "chrf"  # mbr: chrf, or a reference-based COMET directory / hub id
+    refresh_every: int = 0
+    alpha: float = 1.0  # CE weight on the labelled batch; 0 skips its forward pass
+    beta: float = 1.0  # CE weight on the selected pseudo-targets
+
+
+@dataclass
 class Config:
     method: str = "sft"
     seed: int = 42
@@ -314,6 +346,7 @@ class Config:
     qe_ebm: QeEbmConfig = field(default_factory=QeEbmConfig)
     reinforce: ReinforceConfig = field(default_factory=ReinforceConfig)
     ppo: PPOConfig = field(default_factory=PPOConfig)
+    qe_finetune: QeFinetuneConfig = field(default_factory=QeFinetuneConfig)
     # Reward-hacking guards (qeebm/guards.py) for the methods that switch them on.
     guards: GuardConfig = field(default_factory=GuardConfig)
 
@@ -426,6 +459,8 @@ CHOICES = {
     "qe_ebm.weighting": ("absolute", "relative"),
     "reinforce.baseline": ("running_mean", "rloo", "none"),
     "reinforce.reward_scaling": ("max_abs", "whiten", "none"),
+    "qe_finetune.candidates": ("beam", "sample"),
+    "qe_finetune.selection": ("rerank", "mbr"),
     **{f"data.{split}.format": CORPUS_FORMATS for split in SPLIT_FILES},
 }
 
