@@ -37,19 +37,13 @@ def cmd_train(args: argparse.Namespace) -> None:
 
 
 def cmd_translate(args: argparse.Namespace) -> None:
-    from qeebm.config import GenerationConfig
+    from qeebm.evaluate import DEFAULT_QE_MODELS, generation_from_args
+    from qeebm.qad import selection_from_args
     from qeebm.translator import translate_file
 
-    gen = GenerationConfig(
-        num_beams=args.beams,
-        max_new_tokens=args.max_new_tokens,
-        do_sample=args.sample,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        batch_size=args.batch_size,
-    )
-    translate_file(args.model, args.src_lang, args.tgt_lang, args.input, args.output, gen)
+    selection = selection_from_args(args, DEFAULT_QE_MODELS)
+    translate_file(args.model, args.src_lang, args.tgt_lang, args.input, args.output, generation_from_args(args),
+                   selection=selection)
 
 
 def cmd_evaluate(args: argparse.Namespace) -> None:
@@ -68,6 +62,36 @@ def cmd_demo(args: argparse.Namespace) -> None:
     from qeebm.demo import run_demo
 
     run_demo(world_dir=args.world, runs_dir=args.runs, quick=args.quick, seeds=args.seeds, steps=args.steps)
+
+
+def add_decoding_args(g) -> None:
+    """Decoding options of ``translate`` and ``evaluate`` (evaluate.generation_from_args reads them)."""
+    g.add_argument("--beams", type=int, default=5, help="beam size (default 5)")
+    g.add_argument("--max-new-tokens", type=int, default=50, help="default 50")
+    g.add_argument("--sample", action="store_true", help="sample instead of beam search (with --rerank/--mbr: "
+                   "sampled candidates)")
+    g.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default 1)")
+    g.add_argument("--top-k", type=int, default=0, help="sample among the k likeliest tokens (default 0: all)")
+    g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (default 1: off)")
+    g.add_argument("--epsilon", type=float, default=0.0,
+                   help="epsilon sampling: never draw a token below this probability (default 0: off; e.g. 0.02)")
+    g.add_argument("--batch-size", type=int, default=32, help="decoding batch size (default 32)")
+
+
+def add_selection_args(p, models: str) -> None:
+    """``--rerank`` / ``--mbr`` / ``--candidates`` (qeebm/qad.py; qad.selection_from_args reads them)."""
+    from qeebm.qad import DEFAULT_CANDIDATES
+
+    g = p.add_argument_group(
+        "quality-aware decoding", f"make --candidates translations per segment (the N best of a beam of "
+        f"max(--beams, N), or N samples with --sample) and keep one: the best by a QE, or by MBR. {models}")
+    g.add_argument("--rerank", nargs="?", const="kiwi", metavar="QE",
+                   help="keep the candidate with the highest score of this reference-free QE (default: kiwi)")
+    g.add_argument("--mbr", nargs="?", const="chrf", metavar="UTILITY",
+                   help="minimum Bayes risk: keep the candidate with the highest mean UTILITY against all "
+                   "candidates: chrf (chrF++, default) or a reference-based COMET")
+    g.add_argument("--candidates", type=int, metavar="N",
+                   help=f"candidates per segment (default {DEFAULT_CANDIDATES})")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -106,19 +130,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("translate", help="translate a text file, one segment a line",
-                       description="Translate INPUT (one source segment a line) into OUTPUT.")
+                       description="Translate INPUT (one source segment a line) into OUTPUT.",
+                       epilog="examples:\n"
+                       "  qeebm translate --model runs/sft/best -i src.txt -o hyp.txt\n"
+                       "  qeebm translate --model runs/sft/best -i src.txt -o hyp.txt --rerank data/tinyworld/qe/kiwi\n"
+                       "  qeebm translate --model runs/sft/best -i src.txt -o hyp.txt --mbr --sample --epsilon 0.02 "
+                       "--candidates 16",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="hub id or local directory (NLLB-200 or mBART-50 family)")
     p.add_argument("--src-lang", default="eng_Latn", help="NLLB code, e.g. eng_Latn (default)")
     p.add_argument("--tgt-lang", default="khk_Cyrl", help="NLLB code, e.g. khk_Cyrl (default)")
     p.add_argument("--input", "-i", required=True, help="source file")
     p.add_argument("--output", "-o", required=True, help="where to write translations")
-    p.add_argument("--beams", type=int, default=5, help="beam size (default 5)")
-    p.add_argument("--max-new-tokens", type=int, default=50)
-    p.add_argument("--sample", action="store_true", help="sample instead of beam search")
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--batch-size", type=int, default=32)
+    add_decoding_args(p)
+    add_selection_args(p, "QE and UTILITY: a comet directory or hub id (kiwi: Unbabel/wmt22-cometkiwi-da, "
+                       "comet: Unbabel/wmt22-comet-da).")
     p.set_defaults(func=cmd_translate)
 
     p = sub.add_parser(
@@ -131,7 +157,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="examples:\n"
         "  qeebm evaluate --tinyworld data/tinyworld --run runs/tiny_qe-ebm_static\n"
         "  qeebm evaluate --model runs/sft/best --test test.tsv --metrics bleu,chrf,ter,comet,kiwi -o sft.json\n"
-        "  qeebm evaluate --hyps out.txt --test test.tsv --no-neural",
+        "  qeebm evaluate --hyps out.txt --test test.tsv --no-neural\n"
+        "  qeebm evaluate --tinyworld data/tinyworld --run runs/sft --rerank     # -> runs/sft/eval/test-rerank.json\n"
+        "  qeebm evaluate --tinyworld data/tinyworld --run runs/sft --mbr comet",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     g = p.add_argument_group("what to evaluate")
@@ -146,9 +174,11 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("decoding")
     g.add_argument("--src-lang", help="NLLB code (default: the run's, else eng_Latn)")
     g.add_argument("--tgt-lang", help="NLLB code (default: the run's, else khk_Cyrl)")
-    g.add_argument("--beams", type=int, default=5, help="beam size (default 5)")
-    g.add_argument("--max-new-tokens", type=int, default=50, help="default 50")
-    g.add_argument("--batch-size", type=int, default=32, help="decoding batch size (default 32)")
+    add_decoding_args(g)
+    add_selection_args(p, "QE and UTILITY: a metric's name (kiwi, comet, a judge's name: its model) or a comet "
+                       "directory or hub id. The report names the system SYSTEM+rerank / SYSTEM+mbr and, with "
+                       "--run, goes to RUN/eval/SPLIT-rerank.json / SPLIT-mbr.json; a metric whose model did "
+                       "the selecting is not held out (selected_on).")
     g = p.add_argument_group("metrics")
     g.add_argument("--metrics", help="comma-separated: bleu,chrf,ter,comet,kiwi,xcomet and judge names ('judges' = "
                    "all of them); default: every metric that has a model")
@@ -187,8 +217,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="the main job on the tiny world: build it, train, evaluate, print",
                        description="Build the tiny world if absent, train SFT, REINFORCE, PPO, QE-EBM "
-                       "static and dynamic from its base translator with equal budgets, evaluate them on its test "
-                       "set (BLEU, chrF++, TER, tiny COMET, tiny Kiwi, held-out judge) and print the comparison.")
+                       "static and dynamic and QE finetuning from its base translator with equal budgets, evaluate "
+                       "them on its test set (BLEU, chrF++, TER, tiny COMET, tiny Kiwi, held-out judge), the base "
+                       "and the best system also with Kiwi reranking, and print the comparison.")
     p.add_argument("--world", help="tiny-world directory, built if absent (default data/tinyworld; "
                    "with --quick data/tinyworld-micro)")
     p.add_argument("--runs", default="runs/demo", help="where the runs go")

@@ -118,6 +118,20 @@ class System:
     def heldout(self) -> list[str]:
         return list(self.entries[0].report.get("heldout", []))
 
+    @property
+    def selected_on(self) -> str | None:
+        """The metric whose model chose the hypotheses among candidates (QE reranking, MBR), or None."""
+        return self.entries[0].report.get("selected_on")
+
+    @property
+    def optimised(self) -> list[str]:
+        """Every metric the system's outputs were pushed towards: in training, then in selection."""
+        return list(dict.fromkeys(m for m in (self.trained_on, self.selected_on) if m))
+
+    @property
+    def selection(self) -> dict | None:
+        return self.entries[0].report.get("selection")
+
 
 def find_reports(inputs: Sequence[str | Path], split: str = "test") -> list[Path]:
     """Report files for the given paths: a report file as is, a run directory as
@@ -157,7 +171,7 @@ def group_systems(entries: Sequence[Entry]) -> list[System]:
     for name, group in groups.items():
         first = group[0]
         for entry in group[1:]:
-            for key in ("config_id", "trained_on", "heldout"):
+            for key in ("config_id", "trained_on", "heldout", "selected_on"):
                 if entry.report.get(key) != first.report.get(key):
                     raise QeebmError(
                         f"system '{name}': {first.path} and {entry.path} differ in {key} "
@@ -471,27 +485,42 @@ def compare(entries: Sequence[Entry], baseline: str | None = None, metrics: Sequ
 
 
 def reward_hacking_checks(result: Comparison) -> tuple[list[str], list[str]]:
-    """A system whose training QE improves significantly while no held-out judge does is likely
-    exploiting the QE rather than translating better. Returns WARNING lines and notes about
-    systems that could not be checked."""
+    """A system whose training QE (or the QE that reranked its candidates) improves significantly
+    while no held-out judge does is likely exploiting the QE rather than translating better.
+    Returns WARNING lines and notes about systems that could not be checked."""
     warnings, notes = [], []
     for system in result.systems:
-        if system.name == result.baseline or system.trained_on not in result.metrics:
+        if system.name == result.baseline:
             continue
-        judges = [h for h in system.heldout if h in result.metrics and h != system.trained_on]
-        if not result.improved(system.name, system.trained_on):
-            continue
-        if not judges:
-            notes.append(f"note: cannot check {system.name} for reward hacking: none of its held-out "
-                                f"judges ({', '.join(system.heldout) or 'none listed'}) was compared")
-            continue
-        if not any(result.improved(system.name, h) for h in judges):
-            delta = result.cells[system.name][system.trained_on].delta
-            warnings.append(
-                f"WARNING: possible reward hacking: {system.name} improves its training QE "
-                f"{label(system.trained_on)} significantly ({delta:+.2f}) but none of the held-out judges "
-                f"({', '.join(label(h) for h in judges)}) improves significantly over {result.baseline}")
+        judges = [h for h in system.heldout if h in result.metrics and h not in system.optimised]
+        for metric in system.optimised:
+            if metric not in result.metrics or not result.improved(system.name, metric):
+                continue
+            if not judges:
+                notes.append(f"note: cannot check {system.name} for reward hacking: none of its held-out "
+                             f"judges ({', '.join(system.heldout) or 'none listed'}) was compared")
+                break
+            if not any(result.improved(system.name, h) for h in judges):
+                role = " and ".join(r for r, m in (("training", system.trained_on), ("selection", system.selected_on))
+                                    if m == metric)
+                delta = result.cells[system.name][metric].delta
+                warnings.append(
+                    f"WARNING: possible reward hacking: {system.name} improves its {role} QE "
+                    f"{label(metric)} significantly ({delta:+.2f}) but none of the held-out judges "
+                    f"({', '.join(label(h) for h in judges)}) improves significantly over {result.baseline}")
     return warnings, notes
+
+
+def selection_line(system: System) -> str | None:
+    """How a system's hypotheses were chosen among candidates, and what that cost per segment."""
+    sel = system.selection
+    if not sel:
+        return None
+    by = f"QE {sel.get('model')}" if sel["rule"] == "rerank" else f"MBR (utility {sel.get('utility')})"
+    costs = [e.report.get("selection", {}).get("ms_per_segment") for e in system.entries]
+    costs = [c for c in costs if isinstance(c, (int, float))]
+    cost = f"; {np.mean(costs):.1f} ms per segment to generate and select" if costs else ""
+    return f"- {system.name}: chosen by {by} among {sel['candidates']} {sel.get('mode', '')} candidates{cost}"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -539,6 +568,9 @@ def format_markdown(result: Comparison) -> str:
         lines.append(f"- {system.name} vs {result.baseline}: {deltas}")
     if len(result.systems) > 1:
         lines.append("")
+    selected = [line for line in map(selection_line, result.systems) if line]
+    if selected:
+        lines += ["Selection among candidates (the selecting QE is not a held-out judge of its row):", *selected, ""]
     for line in result.warnings + result.notes:
         lines.extend([line, ""])
     lines.append(f"signature: {result.signature}")
@@ -597,6 +629,8 @@ def to_json(result: Comparison) -> dict:
             "config_id": system.entries[0].report.get("config_id"),
             "reports": [str(e.path) for e in system.entries],
             "trained_on": system.trained_on,
+            "selected_on": system.selected_on,
+            "selection": system.selection,
             "heldout": system.heldout,
             "metrics": {r["metric"]: {k: v for k, v in r.items() if k not in ("system", "seeds", "metric")}
                         for r in rows if r["system"] == system.name},

@@ -123,6 +123,8 @@ class GenerationConfig:
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
+    # Epsilon sampling (Hewitt et al. 2022): tokens below this probability are never drawn; 0 = off.
+    epsilon: float = 0.0
     batch_size: int = 32
 
 
@@ -186,9 +188,11 @@ class QEConfig:
 
     ``mode``: "static" keeps it frozen; "dynamic" also trains it, once every ``interval`` steps after
     ``warmup_steps``, with its own AdamW, on the labelled batch: the reference against K fresh samples
-    of the (frozen) translator. ``loss``: "nce" is BCE-with-logits on logit = QE(x, y) - log pbar(y|x)
-    (pbar: the translator's mean token probability, label-smoothed by ``label_smoothing``), target 1
-    for the reference and 0 for each sample; "margin" asks QE(x, ref) >= QE(x, y_k) + ``margin``.
+    of the (frozen) translator. ``loss``: "nce" (published) is BCE-with-logits on logit = QE(x, y) -
+    noise_weight * log pbar(y|x) (pbar: the translator's mean token probability, label-smoothed by
+    ``label_smoothing``), target 1 for the reference and 0 for each sample; "rank-nce" is the ranking
+    form of NCE on the same logits: cross-entropy of picking the reference among itself and its K
+    samples; "margin" asks QE(x, ref) >= QE(x, y_k) + ``margin``.
     ``train_parts``: any of "head" (estimator), "layerwise" (layer-wise attention), "lora" (peft LoRA
     adapters on the QE encoder, ``lora_*``). The translator's optimiser never sees QE parameters."""
 
@@ -196,8 +200,9 @@ class QEConfig:
     mode: str = "static"  # static | dynamic
     warmup_steps: int = 200  # dynamic: optimiser steps before the first QE update
     interval: int = 1  # dynamic: one QE update on every step that is a multiple of this, after warm-up
-    loss: str = "nce"  # nce | margin
+    loss: str = "nce"  # nce | rank-nce | margin
     label_smoothing: float = 0.1  # of log pbar in the NCE logit
+    noise_weight: float = 1.0  # of log pbar in the NCE logit (1: NCE; 0: the QE's own ranking)
     margin: float = 0.1  # margin loss: reference above each sample by this much
     train_parts: list[str] = field(default_factory=lambda: ["head", "layerwise", "lora"])
     lr: float = 3e-4
@@ -308,6 +313,36 @@ class PPOConfig:
 
 
 @dataclass
+class QeFinetuneConfig:
+    """QE finetuning (Finkelstein & Freitag 2023, "MBR and QE Finetuning"): loss = alpha * CE(labelled
+    batch) + beta * CE(source-only batch, each source's selected pseudo-target), both label-smoothed
+    token means like SFT's.
+
+    A pseudo-target is the best of ``num_candidates`` translations of the source by the *teacher*: the
+    translator as it was at the latest refresh, every ``refresh_every`` optimiser steps (0: never, so
+    the teacher stays the initial model, as in the paper's offline QE-finetuning data).
+    ``candidates``: "beam" (the N best of a beam of max(``num_beams``, N); N = 1 with num_beams 1 is
+    greedy) or "sample" (``temperature``, ``top_k``, ``top_p``, ``epsilon``: epsilon sampling).
+    ``selection``: "rerank" (the candidate with the highest score of the QE at ``qe.path``) or "mbr"
+    (the highest expected ``utility`` with the candidates as pseudo-references: "chrf" = chrF++, or
+    a reference-based COMET checkpoint)."""
+
+    num_candidates: int = 8
+    candidates: str = "beam"  # beam | sample
+    num_beams: int = 1
+    max_new_tokens: int = 50
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    epsilon: float = 0.0
+    selection: str = "rerank"  # rerank | mbr
+    utility: str = "chrf"  # mbr: chrf, or a reference-based COMET directory / hub id
+    refresh_every: int = 0
+    alpha: float = 1.0  # CE weight on the labelled batch; 0 skips its forward pass
+    beta: float = 1.0  # CE weight on the selected pseudo-targets
+
+
+@dataclass
 class Config:
     method: str = "sft"
     seed: int = 42
@@ -322,6 +357,7 @@ class Config:
     qe_ebm: QeEbmConfig = field(default_factory=QeEbmConfig)
     reinforce: ReinforceConfig = field(default_factory=ReinforceConfig)
     ppo: PPOConfig = field(default_factory=PPOConfig)
+    qe_finetune: QeFinetuneConfig = field(default_factory=QeFinetuneConfig)
     # Reward-hacking guards (qeebm/guards.py) for the methods that switch them on.
     guards: GuardConfig = field(default_factory=GuardConfig)
 
@@ -429,11 +465,13 @@ CHOICES = {
     "optim.mixed_precision": ("no", "fp16", "bf16"),
     "eval.mode": ("max", "min"),
     "qe.mode": ("static", "dynamic"),
-    "qe.loss": ("nce", "margin"),
+    "qe.loss": ("nce", "rank-nce", "margin"),
     "qe_ebm.relaxation": ("st", "softmax", "gumbel-st"),
     "qe_ebm.weighting": ("absolute", "relative"),
     "reinforce.baseline": ("running_mean", "rloo", "none"),
     "reinforce.reward_scaling": ("max_abs", "whiten", "none"),
+    "qe_finetune.candidates": ("beam", "sample"),
+    "qe_finetune.selection": ("rerank", "mbr"),
     **{f"data.{split}.format": CORPUS_FORMATS for split in SPLIT_FILES},
 }
 

@@ -2,11 +2,13 @@
 
 1. Build the tiny world if it is absent (``qeebm tinyworld build``).
 2. From the same base translator (the tiny NLLB-style one) and with the same budget (optimiser steps,
-   labelled batch, learning rate), train SFT, REINFORCE, PPO, QE-EBM static and QE-EBM dynamic,
-   each from its recipe in ``recipes/configs/tiny_*.yaml``. Two runs go at a time, each in its own
-   process on one thread: the machine this was built for has two cores.
+   labelled batch, learning rate), train SFT, REINFORCE, PPO, QE-EBM static, QE-EBM dynamic and QE
+   finetuning, each from its recipe in ``recipes/configs/tiny_*.yaml``. Two runs go at a time, each
+   in its own process on one thread: the machine this was built for has two cores.
 3. Evaluate the base and every run on the test set: BLEU, chrF++, TER, the tiny COMET, the tiny
-   CometKiwi the RL and QE-EBM runs were trained against, and the held-out tiny judge.
+   CometKiwi the RL and QE-EBM runs were trained against, and the held-out tiny judge; then the base
+   and the best trained system (by dev chrF++) again with QE reranking of 8 beam candidates by the
+   tiny CometKiwi (rows ``base+rerank``, ``SYSTEM+rerank``).
 4. Print the comparison table (``scripts/compare.py``: 95% bootstrap CIs, paired significance
    against the base) and write it with plots to ``<runs>/comparison``.
 """
@@ -36,6 +38,7 @@ SYSTEMS = {
     "ppo": "tiny_ppo.yaml",
     "qe-ebm-static": "tiny_qe-ebm_static.yaml",
     "qe-ebm-dynamic": "tiny_qe-ebm_dynamic.yaml",
+    "qe-finetune": "tiny_qe-finetune.yaml",
 }
 
 
@@ -84,11 +87,23 @@ def _train_worker(name: str, recipe: str, overrides: list[str]) -> tuple[str, fl
     return name, time.perf_counter() - start
 
 
+def best_system(run_dirs: dict) -> str:
+    """The trained system with the best dev chrF++ (its runs' best validation, mean over seeds)."""
+    from qeebm.checkpoint import latest_checkpoint, read_state
+
+    scores: dict[str, list[float]] = {}
+    for (name, _), run_dir in run_dirs.items():
+        best = read_state(latest_checkpoint(Path(run_dir) / "checkpoints"))["best"]
+        scores.setdefault(name, []).append(float("-inf") if best is None else best)
+    return max(scores, key=lambda name: sum(scores[name]) / len(scores[name]))
+
+
 def run_demo(world_dir: str | None = None, runs_dir: str = "runs/demo", quick: bool = False,
              seeds: int = 1, steps: int | None = None) -> str:
     from qeebm.compare import run as compare
     from qeebm.config import ModelConfig
     from qeebm.evaluate import MetricSpec, evaluate_run, evaluate_system, write_eval
+    from qeebm.qad import Selection
     from qeebm.translator import Translator
 
     start = time.perf_counter()
@@ -116,18 +131,29 @@ def run_demo(world_dir: str | None = None, runs_dir: str = "runs/demo", quick: b
     base = Translator.load(ModelConfig(name_or_path=str(world / "nllb-base")))
     report = evaluate_system(base, world / "data/test.tsv", spec, system="base", model=str(world / "nllb-base"))
     write_eval(report, runs / "base")
-    del base
     for (name, _), run_dir in run_dirs.items():
         evaluate_run(run_dir, metrics=spec, system=name)
     timings["evaluate"] = time.perf_counter() - t
+    # The same with QE reranking by the trained-on Kiwi: the base, and the best system by dev chrF++.
+    t = time.perf_counter()
+    rerank = Selection("rerank", spec.kiwi)
+    report = evaluate_system(base, world / "data/test.tsv", spec, system="base+rerank", model=str(world / "nllb-base"),
+                             selection=rerank)
+    reranked = [write_eval(report, runs / "base", "test-rerank")]
+    del base
+    best = best_system(run_dirs)
+    for (name, _), run_dir in run_dirs.items():
+        if name == best:
+            reranked.append(evaluate_run(run_dir, metrics=spec, system=f"{name}+rerank", selection=rerank)[1])
+    timings["evaluate_rerank"] = time.perf_counter() - t
 
     # 4. The table (seeds of one system are grouped by its name).
-    table = compare([str(runs / "base")] + [str(d) for d in run_dirs.values()], baseline="base",
-                    out=runs / "comparison", plots=True)
+    table = compare([str(runs / "base")] + [str(d) for d in run_dirs.values()] + [str(r) for r in reranked],
+                    baseline="base", out=runs / "comparison", plots=True)
     timings["total"] = time.perf_counter() - start
     (runs / "timings.json").write_text(json.dumps(timings, indent=2) + "\n")
     print(f"\nTiny world, test set, {b['steps']} steps of each method from the same base "
-          f"(batch {b['batch_size']}, {seeds} seed(s)); beam 5:\n")
+          f"(batch {b['batch_size']}, {seeds} seed(s)); beam 5; +rerank: the best of 8 beam candidates by Kiwi:\n")
     print(table)
     print(f"\ntables and plots: {runs / 'comparison'}; total time {timings['total']:.0f} s")
     return table

@@ -93,7 +93,7 @@ DEFAULT_QE_MODELS = {
 DEFAULT_QE_BATCH_SIZE = 16  # comet-score's
 PRECISIONS = ("fp16", "fp32")
 # Methods whose reward or energy is the QE named by the config key qe.path.
-QE_TRAINED_METHODS = frozenset({"qe-ebm", "reinforce", "ppo"})
+QE_TRAINED_METHODS = frozenset({"qe-ebm", "reinforce", "ppo", "qe-finetune"})
 # A judge's name becomes a report key and a compare column: keep it a plain word.
 _JUDGE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.-]*\Z")
 _RESERVED = frozenset(SACREBLEU_METRICS + QE_METRICS + ("src", "ref", "hyp", "judges"))
@@ -329,7 +329,7 @@ def decoding_info(gen: GenerationConfig, translator=None) -> dict:
     info = {"num_beams": gen.num_beams, "max_new_tokens": gen.max_new_tokens, "batch_size": gen.batch_size,
             "do_sample": gen.do_sample}
     if gen.do_sample:
-        info.update(temperature=gen.temperature, top_k=gen.top_k, top_p=gen.top_p)
+        info.update(temperature=gen.temperature, top_k=gen.top_k, top_p=gen.top_p, epsilon=gen.epsilon)
     if translator is not None:
         info.update(src_lang=translator.src_code, tgt_lang=translator.tgt_code)
     return info
@@ -353,6 +353,7 @@ def evaluate_system(
     trained_on: Optional[str] = None,
     heldout: Union[Sequence[str], str] = "auto",
     data_path: Optional[str] = None,
+    selection: Union["Selection", dict, None] = None,
 ) -> dict:
     """Score one system on a test set; returns its validated report (qeebm/report.py format).
 
@@ -360,8 +361,12 @@ def evaluate_system(
     test sources with ``generation`` (default GenerationConfig: beam 5, 50 new tokens) where it is.
     ``test``: a corpus path, CorpusConfig or Corpus with references. ``metrics``: default
     ``MetricSpec()`` (the public hub models). ``trained_on``: the metric the system was optimised
-    against, or None; ``heldout``: "auto" is every neural metric computed except ``trained_on``.
-    ``model``, ``decoding`` and ``data_path`` are provenance only."""
+    against, or None; ``heldout``: "auto" is every neural metric computed except ``trained_on`` and
+    the one the selection maximised. ``selection``: a ``qeebm.qad.Selection`` the translator's
+    candidates go through, or (with hypotheses) the record of the selection that chose them
+    (``qad.selection_report``). ``model``, ``decoding`` and ``data_path`` are provenance only."""
+    from qeebm.qad import Selection, check_selection_model, decode_and_select
+
     spec = metrics or MetricSpec()
     names = spec.selected()
     models = spec.qe_models()
@@ -370,15 +375,23 @@ def evaluate_system(
     check_qe_models(spec, names)
     seconds: dict[str, float] = {}
     if isinstance(hyps_or_translator, (list, tuple)):
+        if isinstance(selection, Selection):
+            raise ValueError("a Selection needs a translator to make candidates; with hypotheses pass its record")
         hyps = [str(h) for h in hyps_or_translator]
         if len(hyps) != len(src):
             raise QeebmError(f"{len(hyps)} hypotheses for {len(src)} test segments ({data_path or path or 'test set'})")
     else:
         gen = generation or GenerationConfig()
         start = time.perf_counter()
-        hyps = decode_test(hyps_or_translator, src, gen)
+        if isinstance(selection, Selection):
+            check_selection_model(selection)
+            hyps, selection = decode_and_select(lambda: hyps_or_translator, src, gen, selection, spec.device)
+            decoding = decoding_info(selection_generation(gen, selection), hyps_or_translator) | (decoding or {})
+        else:
+            hyps = decode_test(hyps_or_translator, src, gen)
+            decoding = decoding_info(gen, hyps_or_translator) | (decoding or {})
         seconds["decode"] = time.perf_counter() - start
-        decoding = decoding_info(gen, hyps_or_translator) | (decoding or {})
+    selected_on = infer_selected_on(selection, spec)
 
     neural = [n for n in names if n in models]
     scores, signatures = {}, {}
@@ -390,7 +403,7 @@ def evaluate_system(
         log.info("%s (%s): %.4f over %d segments in %.1f s", name, models[name], sum(scores[name]) / len(hyps),
                  len(hyps), seconds[name])
     if heldout == "auto":
-        heldout = [n for n in neural if n != trained_on]
+        heldout = [n for n in neural if n not in (trained_on, selected_on)]
 
     from qeebm.report import build_report, validate_report
 
@@ -401,7 +414,40 @@ def evaluate_system(
                           signatures=signatures, sacrebleu=sacre)
     report["signatures"] = {n: report["signatures"][n] for n in sacre + neural}
     report["seconds"] = {k: round(v, 3) for k, v in seconds.items()}
+    if selection is not None:
+        report["signatures"]["selection"] = selection["signature"]
+        report["selection"] = selection
+        report["selected_on"] = selected_on
     return validate_report(report)
+
+
+def selection_generation(gen: GenerationConfig, selection: dict) -> GenerationConfig:
+    """The decoding that made a selection's candidates (for the report's ``decoding``)."""
+    from qeebm.qad import candidate_generation
+
+    return candidate_generation(gen, selection["candidates"], selection["mode"])
+
+
+def infer_selected_on(selection: Optional[dict], spec: MetricSpec) -> Optional[str]:
+    """The metric a selection maximised: the one whose model is the reranking QE or the MBR
+    utility, if it is among the metrics computed (chrF++ as utility is consensus with the other
+    candidates, not the reference's chrF++: None)."""
+    if not selection:
+        return None
+    model = selection.get("model") or (selection.get("utility") if selection.get("utility") != "chrf" else None)
+    if not model:
+        return None
+    return next((name for name, m in spec.qe_models().items() if _same_model(m, model)), None)
+
+
+def selection_split(split: str, selection) -> str:
+    """Where a run's selected evaluation goes beside its plain one: ``<split>-<rule>``."""
+    return split if selection is None else f"{split}-{selection.rule}"
+
+
+def selection_system(system: str, selection) -> str:
+    """A selected evaluation's row name: the system's with ``+rerank`` or ``+mbr``."""
+    return system if selection is None else f"{system}+{selection.rule}"
 
 
 def eval_report_path(run_dir: Union[str, Path], split: str = "test") -> Path:
@@ -479,6 +525,13 @@ def infer_trained_on(config: Optional[dict], spec: MetricSpec) -> Optional[str]:
     if not config or config.get("method") not in QE_TRAINED_METHODS:
         return None
     qe_path = str((config.get("qe") or {}).get("path", ""))
+    finetune = config.get("qe_finetune") or {}
+    if config.get("method") == "qe-finetune" and finetune.get("selection") == "mbr":
+        # Trained on MBR choices: optimised against its utility, a COMET model or chrF++ consensus.
+        utility = str(finetune.get("utility", "chrf"))
+        if utility == "chrf":
+            return None
+        return next((name for name, m in spec.qe_models().items() if _same_model(m, utility)), None)
     for name, model in spec.qe_models().items():
         if qe_path and _same_model(model, qe_path):
             return name
@@ -486,31 +539,48 @@ def infer_trained_on(config: Optional[dict], spec: MetricSpec) -> Optional[str]:
 
 
 def _translate_test(model: str, src_lang: str, tgt_lang: str, src: list[str], gen: GenerationConfig,
-                    device: Optional[str]) -> tuple[list[str], dict, float]:
-    """(hypotheses, decoding provenance, seconds) of a saved translator on the test sources. The
-    translator is freed before returning: the QE models come next, one at a time."""
+                    device: Optional[str], selection=None) -> tuple[list[str], dict, float, Optional[dict]]:
+    """(hypotheses, decoding provenance, seconds, the selection's record or None) of a saved
+    translator on the test sources, with ``selection`` (a ``qeebm.qad.Selection``) choosing among
+    its candidates if given. The translator is freed before returning, and before a selection's
+    model is loaded: the QE models come next, one at a time."""
     from qeebm.config import ModelConfig
+    from qeebm.qad import decode_and_select
     from qeebm.translator import Translator
 
-    translator = Translator.load(ModelConfig(name_or_path=model, src_lang=src_lang, tgt_lang=tgt_lang))
-    translator.to(_torch_device(device))
+    decoding: dict = {}
+
+    def load() -> Translator:
+        translator = Translator.load(ModelConfig(name_or_path=model, src_lang=src_lang, tgt_lang=tgt_lang))
+        translator.to(_torch_device(device))
+        decoding.update(src_lang=translator.src_code, tgt_lang=translator.tgt_code)
+        return translator
+
     start = time.perf_counter()
-    hyps = decode_test(translator, src, gen)
+    record = None
+    if selection is None:
+        translator = load()
+        hyps = decode_test(translator, src, gen)
+        del translator
+        gc.collect()
+    else:
+        hyps, record = decode_and_select(load, src, gen, selection, device)
+        gen = selection.generation(gen)
     seconds = time.perf_counter() - start
-    decoding = decoding_info(gen, translator)
-    del translator
-    gc.collect()
-    return hyps, decoding, seconds
+    return hyps, decoding_info(gen) | decoding, seconds, record
 
 
 def evaluate_run(run_dir: Union[str, Path], test=None, metrics: Optional[MetricSpec] = None, *,
                  split: str = "test", generation: Optional[GenerationConfig] = None,
                  system: Optional[str] = None, trained_on: Optional[str] = "auto",
-                 heldout: Union[Sequence[str], str] = "auto", checkpoint: Optional[str] = None) -> tuple[dict, Path]:
+                 heldout: Union[Sequence[str], str] = "auto", checkpoint: Optional[str] = None,
+                 selection=None) -> tuple[dict, Path]:
     """Evaluate a training run's best (else final) model, or its ``checkpoint`` (e.g. ``best-chrf``),
-    and write ``<run>/eval/<split>.json``. ``test`` defaults to the run's data.test; system, seed,
-    config_id and trained_on come from the run's config.yaml unless given. Returns (report, path)."""
+    and write ``<run>/eval/<split>.json`` (with a ``selection``: ``<split>-<rule>.json``, system
+    ``<system>+<rule>``). ``test`` defaults to the run's data.test; system, seed, config_id and
+    trained_on come from the run's config.yaml unless given. Returns (report, path)."""
     from qeebm.data import Corpus
+    from qeebm.qad import check_selection_model
     from qeebm.report import config_id as make_config_id
 
     spec = metrics or MetricSpec()
@@ -524,16 +594,18 @@ def evaluate_run(run_dir: Union[str, Path], test=None, metrics: Optional[MetricS
     trained_on = infer_trained_on(config, spec) if trained_on == "auto" else trained_on
     check_trained_on(trained_on, spec)
     check_qe_models(spec, spec.selected())
+    check_selection_model(selection)
     model_cfg = config.get("model") or {}
-    hyps, decoding, decode_s = _translate_test(
+    hyps, decoding, decode_s, record = _translate_test(
         str(model_dir), model_cfg.get("src_lang", "eng_Latn"), model_cfg.get("tgt_lang", "khk_Cyrl"), src,
-        generation or GenerationConfig(), spec.device)
+        generation or GenerationConfig(), spec.device, selection)
     report = evaluate_system(
         hyps, Corpus(src, ref, origin=[""] * len(src), name="test"), spec,
-        system=system or system_name(config), seed=config.get("seed"), config_id=make_config_id(config),
-        model=str(model_dir), decoding=decoding, trained_on=trained_on, heldout=heldout, data_path=path)
+        system=system or selection_system(system_name(config), selection), seed=config.get("seed"),
+        config_id=make_config_id(config), model=str(model_dir), decoding=decoding, trained_on=trained_on,
+        heldout=heldout, data_path=path, selection=record)
     report["seconds"] = {"decode": round(decode_s, 3), **report["seconds"]}
-    return report, write_eval(report, run_dir, split)
+    return report, write_eval(report, run_dir, selection_split(split, selection))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -557,6 +629,13 @@ def _split_list(text: Optional[str]) -> Optional[list[str]]:
     if text is None:
         return None
     return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def generation_from_args(args) -> GenerationConfig:
+    """The decoding options ``qeebm translate`` and ``qeebm evaluate`` share (cli.add_decoding_args)."""
+    return GenerationConfig(num_beams=args.beams, max_new_tokens=args.max_new_tokens, do_sample=args.sample,
+                            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                            epsilon=args.epsilon, batch_size=args.batch_size)
 
 
 def metric_spec_from_args(args) -> MetricSpec:
@@ -588,8 +667,12 @@ def evaluate_main(args) -> dict:
     from qeebm.report import config_id as make_config_id
     from qeebm.report import write_report
 
+    from qeebm.qad import check_selection_model, selection_from_args
+
     spec = metric_spec_from_args(args)
     names = spec.selected()
+    selection = selection_from_args(args, spec.qe_models() | {k: v for k, v in DEFAULT_QE_MODELS.items()
+                                                              if k not in spec.qe_models()})
 
     run = Path(args.run) if args.run else None
     model = args.model
@@ -620,10 +703,14 @@ def evaluate_main(args) -> dict:
         trained_on = None if args.trained_on in ("none", "") else args.trained_on
     check_trained_on(trained_on, spec)
     check_qe_models(spec, names)  # before decoding: a missing model should cost seconds, not a decode
+    check_selection_model(selection)
 
     decoding: dict = {}
     translated = False
+    record = None
     if args.hyps:
+        if selection is not None:
+            raise QeebmError("--rerank and --mbr choose among a model's candidates: give --model or --run, not --hyps")
         hyps = read_hypotheses(args.hyps)
         if len(hyps) != len(test.src):
             raise QeebmError(f"hypotheses {args.hyps} have {len(hyps)} lines but test set {test_cfg.path} has "
@@ -631,10 +718,10 @@ def evaluate_main(args) -> dict:
         decoding = {"hyps": str(args.hyps)}
     else:
         model_cfg = (config or {}).get("model") or {}
-        gen = GenerationConfig(num_beams=args.beams, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size)
-        hyps, decoding, decode_s = _translate_test(
+        hyps, decoding, decode_s, record = _translate_test(
             model, args.src_lang or model_cfg.get("src_lang", "eng_Latn"),
-            args.tgt_lang or model_cfg.get("tgt_lang", "khk_Cyrl"), test.src, gen, spec.device)
+            args.tgt_lang or model_cfg.get("tgt_lang", "khk_Cyrl"), test.src, generation_from_args(args), spec.device,
+            selection)
         translated = True
 
     if args.system:
@@ -645,19 +732,25 @@ def evaluate_main(args) -> dict:
         system = Path(model).name or str(model)
     else:
         system = Path(args.hyps).stem
+    if not args.system:
+        system = selection_system(system, selection)
     heldout = "auto" if args.heldout is None else _split_list(args.heldout)
     seed = args.seed if args.seed is not None else (config or {}).get("seed")
 
     report = evaluate_system(hyps, test, spec, system=system, seed=seed,
                              config_id=make_config_id(config) if config is not None else None,
                              model=model, decoding=decoding, trained_on=trained_on, heldout=heldout,
-                             data_path=test_cfg.path)
+                             data_path=test_cfg.path, selection=record)
     if translated:
         report["seconds"] = {"decode": round(decode_s, 3), **report["seconds"]}
 
-    output = Path(args.output) if args.output else (eval_report_path(run, args.split) if args.run else None)
+    split = selection_split(args.split, selection)
+    output = Path(args.output) if args.output else (eval_report_path(run, split) if args.run else None)
     summary = {"system": system, "seed": seed, "segments": len(hyps), "corpus": report["corpus"],
                "signatures": report["signatures"]}
+    if record is not None:
+        summary["cost"] = {"candidates": record["candidates"], "seconds": record["seconds"],
+                           "ms_per_segment": record["ms_per_segment"], "selected_on": report["selected_on"]}
     if output is not None:
         write_report(output, report)
         if translated:

@@ -11,7 +11,8 @@ the seeds as a ``Recipe`` and calls ``main``. ``main`` parses the command line i
    Under ``accelerate launch`` every process executes the same sequence (SPMD) and the Accelerator
    inside ``train`` picks up the distributed environment;
 3. evaluation: ``qeebm.evaluate.evaluate_run`` on each run's best model (BLEU, chrF++, TER, COMET,
-   COMET-Kiwi, XCOMET) -> ``<run>/eval/test.json``, on the main process only;
+   COMET-Kiwi, XCOMET) -> ``<run>/eval/test.json``, on the main process only; with ``--rerank`` also
+   with QE reranking of its beam candidates by the COMET-Kiwi -> ``<run>/eval/test-rerank.json``;
 4. comparison: ``scripts/compare.py``'s ``run`` over every report, on the main process.
 
 Finished work is skipped when the same command runs again (a run with ``final/``, an existing
@@ -39,6 +40,7 @@ from qeebm.config import Config, data_path_overrides, flat_dict, load_config, to
 from qeebm.data_prep import HubCorpus, is_prepared
 from qeebm.errors import QeebmError
 from qeebm.langcodes import NLLB_TO_MBART50, to_model_code
+from qeebm.qad import DEFAULT_CANDIDATES
 
 log = logging.getLogger("qeebm.recipe")
 
@@ -47,7 +49,7 @@ CONFIGS = REPO / "recipes" / "configs" / "real"
 SEEDS = (231, 42, 6)
 DEFAULT_MODEL = "mbart50"
 # One name per system everywhere: the YAML file, the run directory, the report's "system".
-SYSTEMS = ("sft", "reinforce", "ppo", "qe-ebm-static", "qe-ebm-dynamic")
+SYSTEMS = ("sft", "reinforce", "ppo", "qe-ebm-static", "qe-ebm-dynamic", "qe-finetune")
 
 
 @dataclass(frozen=True)
@@ -106,6 +108,10 @@ class Run:
     def report(self) -> Path:
         return self.run_dir / "eval" / "test.json"
 
+    @property
+    def rerank_report(self) -> Path:
+        return self.run_dir / "eval" / "test-rerank.json"
+
 
 @dataclass
 class Plan:
@@ -119,6 +125,16 @@ class Plan:
     tiny: Optional[Path] = None
     prepare_only: bool = False
     notes: list[str] = field(default_factory=list)
+    rerank: int = 0  # candidates of the extra reranked evaluation; 0: none
+
+    def selection(self):
+        """The reranked evaluation's selection (the trained-on COMET-Kiwi over beam candidates), or None."""
+        from qeebm.qad import Selection
+
+        return Selection("rerank", self.metrics["kiwi"], candidates=self.rerank) if self.rerank else None
+
+    def rerank_reports(self) -> list[str]:
+        return [str(r.rerank_report) for r in self.runs] if self.rerank else []
 
     @property
     def results(self) -> Path:
@@ -132,7 +148,8 @@ class Plan:
         return list(dict.fromkeys(str(r.run_dir) for r in self.runs))
 
     def compare_args(self) -> list[str]:
-        return [*self.run_dirs(), "--baseline", self.baseline, "--out", str(self.results), "--plots"]
+        return [*self.run_dirs(), *self.rerank_reports(), "--baseline", self.baseline, "--out", str(self.results),
+                "--plots"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -159,6 +176,9 @@ def parse_args(argv: list[str], recipe: Union[Recipe, Callable], prog: str) -> a
     p.add_argument("--set", action="append", default=[], metavar="[SYSTEM:]KEY=VALUE",
                    help="dotted config override for every run (--set optim.lr=1e-4) or one system's runs "
                         "(--set ppo:optim.batch_size=24); repeatable")
+    p.add_argument("--rerank", nargs="?", type=int, const=DEFAULT_CANDIDATES, default=0, metavar="N",
+                   help="also evaluate every run with QE reranking: the best of N beam candidates (default "
+                        f"{DEFAULT_CANDIDATES}) by the COMET-Kiwi, as rows SYSTEM+rerank in the comparison")
     p.add_argument("--dry-run", action="store_true", help="print the plan and exit; loads no model or data")
     p.add_argument("--prepare-only", action="store_true", help="download and split the data, then stop")
     p.add_argument("--check", action="store_true", help="check the request and exit quietly (what `bash RECIPE` "
@@ -215,6 +235,8 @@ def build_plan(recipe: Recipe, args: argparse.Namespace) -> Plan:
         raise QeebmError("nothing to run: no seeds or no systems selected")
     if args.steps is not None and args.steps < 1:
         raise QeebmError(f"--steps must be at least 1; got {args.steps}")
+    if args.rerank < 0:
+        raise QeebmError(f"--rerank takes a number of candidates of at least 1; got {args.rerank}")
     out = Path(args.out or REPO / "runs" / "recipes" / recipe.name)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     tiny = Path(args.tiny).resolve() if args.tiny else None
@@ -273,7 +295,7 @@ def build_plan(recipe: Recipe, args: argparse.Namespace) -> Plan:
     if len(precisions) > 1:
         # accelerate keeps one mixed-precision state per process, fixed by the first run.
         raise QeebmError(f"all runs of a recipe must share optim.mixed_precision; got {', '.join(sorted(precisions))}")
-    return Plan(recipe, model, out, world, runs, metrics, data_dir, tiny, args.prepare_only, notes)
+    return Plan(recipe, model, out, world, runs, metrics, data_dir, tiny, args.prepare_only, notes, args.rerank)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -318,7 +340,13 @@ def format_plan(plan: Plan) -> str:
               f"(beam {g.num_beams}, max {g.max_new_tokens} new tokens): BLEU, chrF++, TER, {metrics}; "
               "trained_on kiwi for every system but sft; for each run the same as",
               f"   qeebm evaluate --run RUN_DIR{tiny} --beams {g.num_beams} --max-new-tokens {g.max_new_tokens} "
-              f"--batch-size {g.batch_size} --system SYSTEM   -> RUN_DIR/eval/test.json", "",
+              f"--batch-size {g.batch_size} --system SYSTEM   -> RUN_DIR/eval/test.json"]
+    if plan.rerank:
+        lines += [f"   and with QE reranking: the best of {plan.rerank} beam candidates by kiwi, the same as",
+                  f"   qeebm evaluate --run RUN_DIR{tiny} --beams {g.num_beams} --max-new-tokens {g.max_new_tokens} "
+                  f"--batch-size {g.batch_size} --rerank {shlex.quote(plan.metrics['kiwi'])} --candidates {plan.rerank} "
+                  "--system SYSTEM+rerank   -> RUN_DIR/eval/test-rerank.json"]
+    lines += ["",
               "4. comparison:", "   python scripts/compare.py " + " ".join(shlex.quote(a) for a in plan.compare_args())]
     return "\n".join(lines) + "\n"
 
@@ -377,22 +405,28 @@ def evaluate_runs(plan: Plan) -> None:
     """Each run's best model on the test set, through qeebm/evaluate.py (the numbers comet-score and
     sacrebleu would give). Main process only: it takes no collective, so the other processes may
     already have left and no barrier can time out during a long XCOMET-XL pass."""
-    from qeebm.evaluate import evaluate_run
+    from qeebm.evaluate import evaluate_run, selection_split, selection_system
 
     spec = metric_spec(plan)
+    rerank = plan.selection()
     for i, run in enumerate(plan.runs, 1):
-        # best/ (selected by eval.metric) as test.json; each eval.also_best choice as test-best-<metric>.json
-        for checkpoint, split in selections(run):
-            path = run.run_dir / "eval" / f"{split}.json"
+        # best/ (selected by eval.metric) as test.json; each eval.also_best choice as test-best-<metric>.json;
+        # with --rerank, best/ again with QE reranking of its candidates as test-rerank.json
+        todo = [(checkpoint, split, None) for checkpoint, split in selections(run)]
+        if rerank is not None:
+            todo.append(("best", "test", rerank))
+        for checkpoint, split, sel in todo:
+            path = run.run_dir / "eval" / f"{selection_split(split, sel)}.json"
             if path.is_file():
                 log.info("[%d/%d] %s seed %d: already evaluated (%s)", i, len(plan.runs), run.system, run.seed, path)
                 continue
             if checkpoint != "best" and not (run.run_dir / checkpoint).is_dir():
                 continue  # no validation ran, so no such choice was made
             report, path = evaluate_run(run.run_dir, run.cfg.data.test, spec, generation=run.cfg.generation,
-                                        system=run.system, checkpoint=None if checkpoint == "best" else checkpoint,
-                                        split=split)
-            log.info("[%d/%d] %s seed %d, %s: %s -> %s", i, len(plan.runs), run.system, run.seed, checkpoint,
+                                        system=selection_system(run.system, sel),
+                                        checkpoint=None if checkpoint == "best" else checkpoint, split=split,
+                                        selection=sel)
+            log.info("[%d/%d] %s seed %d, %s: %s -> %s", i, len(plan.runs), report["system"], run.seed, checkpoint,
                      " ".join(f"{k}={v:.4g}" for k, v in report["corpus"].items()), path)
             _free_memory()
 
@@ -407,7 +441,7 @@ def compare_runs(plan: Plan) -> str:
     """The comparison of the best/ choices, and (written beside it) of each other selection."""
     from qeebm.compare import run as compare
 
-    text = compare(plan.run_dirs(), baseline=plan.baseline, out=plan.results, plots=True)
+    text = compare(plan.run_dirs() + plan.rerank_reports(), baseline=plan.baseline, out=plan.results, plots=True)
     splits = dict.fromkeys(split for run in plan.runs for _, split in selections(run)[1:])
     for split in splits:
         if all((Path(d) / "eval" / f"{split}.json").is_file() for d in plan.run_dirs()):

@@ -15,7 +15,12 @@ any metric by resampling rows (see ../shared/notes/style.md, the sacrebleu parag
      "segments": {"src": [...], "ref": [...], "hyp": [...],               # ref and hyp are required
                   "comet": [...], "kiwi": [...], "judge": [...]},        # any other key: one number per segment
      "trained_on": "kiwi",              # the QE the system was optimised against, or null
-     "heldout": ["judge", "comet"]}     # judges it never saw in training
+     "heldout": ["judge", "comet"],     # judges it never saw in training (nor in selection)
+     # only when the hypotheses were chosen among candidates (qeebm/qad.py, --rerank / --mbr):
+     "selection": {"rule": "rerank", "model": "...", "utility": null, "candidates": 8, "mode": "beam",
+                   "signature": "rule:rerank|qe:...|candidates:8|gen:beam8|max_new:50",  # also signatures.selection
+                   "changed": 0.41, "seconds": {"generate": 9.1, "select": 0.6}, "ms_per_segment": 19.4},
+     "selected_on": "kiwi"}             # the metric whose model chose them, or null
 
 BLEU, chrF++ and TER are not stored per segment: they are recomputed from ``hyp``/``ref`` as
 sacrebleu's additive sufficient statistics (``segment_stats``), with the options read back from the
@@ -43,6 +48,8 @@ from qeebm.errors import QeebmError
 FORMAT = "qeebm-eval/1"
 SACREBLEU_METRICS = ("bleu", "chrf", "ter")
 TEXT_KEYS = ("src", "ref", "hyp")
+# How hypotheses may have been chosen among candidates (qeebm/qad.py).
+SELECTION_RULES = ("rerank", "mbr")
 # Metrics where a smaller number is better; every other metric is higher-is-better.
 LOWER_IS_BETTER = frozenset({"ter"})
 
@@ -245,6 +252,20 @@ def validate_report(report: Any, where: Any = "report") -> dict:
     heldout = report.get("heldout", [])
     if not isinstance(heldout, list) or not all(isinstance(h, str) for h in heldout):
         _fail(where, "key 'heldout' must be a list of metric names")
+    selected_on = report.get("selected_on")
+    if selected_on is not None and not isinstance(selected_on, str):
+        _fail(where, "key 'selected_on' must be a metric name or null")
+    if "selection" in report:
+        selection = report["selection"]
+        if not isinstance(selection, dict):
+            _fail(where, "key 'selection' must be an object")
+        if selection.get("rule") not in SELECTION_RULES:
+            _fail(where, f"key 'selection.rule' is {selection.get('rule')!r}, expected one of {', '.join(SELECTION_RULES)}")
+        candidates = selection.get("candidates")
+        if not isinstance(candidates, int) or isinstance(candidates, bool) or candidates < 1:
+            _fail(where, f"key 'selection.candidates' is {candidates!r}, not a positive integer")
+        if not isinstance(selection.get("signature"), str):
+            _fail(where, "key 'selection.signature' must be a string")
     return report
 
 

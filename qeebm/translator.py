@@ -279,7 +279,7 @@ class Translator:
         if gen.do_sample:
             # Passed even at their neutral values: a checkpoint's own defaults (top_k=50 in transformers)
             # would otherwise apply, and top_k=0 here means plain ancestral sampling.
-            kwargs.update(temperature=gen.temperature, top_k=gen.top_k, top_p=gen.top_p)
+            kwargs.update(temperature=gen.temperature, top_k=gen.top_k, top_p=gen.top_p, epsilon_cutoff=gen.epsilon)
         return kwargs
 
     @torch.no_grad()
@@ -367,8 +367,11 @@ def translate_file(
     in_path: str | Path,
     out_path: str | Path,
     gen: GenerationConfig,
+    selection=None,
 ) -> int:
-    """``qeebm translate``: one translation per input line (empty lines stay empty); returns the count."""
+    """``qeebm translate``: one translation per input line (empty lines stay empty); returns the count.
+    With ``selection`` (a ``qeebm.qad.Selection``) each line's translation is the one it chooses
+    among the candidates."""
     in_path, out_path = Path(in_path), Path(out_path)
     if not in_path.is_file():
         raise QeebmError(f"input file not found: {in_path}")
@@ -376,11 +379,20 @@ def translate_file(
         lines = in_path.read_text(encoding="utf-8").splitlines()
     except UnicodeDecodeError as err:
         raise QeebmError(f"{in_path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
-    translator = Translator.load(ModelConfig(name_or_path=model_path, src_lang=src_lang, tgt_lang=tgt_lang))
-    if torch.cuda.is_available():
-        translator.to("cuda")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+
+    def load() -> Translator:
+        return Translator.load(ModelConfig(name_or_path=model_path, src_lang=src_lang, tgt_lang=tgt_lang)).to(device)
+
     todo = [i for i, line in enumerate(lines) if line.strip()]
-    hyps = translator.generate([lines[i].strip() for i in todo], gen)
+    src = [lines[i].strip() for i in todo]
+    if selection is None:
+        hyps = load().generate(src, gen)
+    else:
+        from qeebm.qad import check_selection_model, decode_and_select
+
+        check_selection_model(selection)
+        hyps, _ = decode_and_select(load, src, gen, selection, torch.device(device))
     out_lines = [""] * len(lines)
     for i, hyp in zip(todo, hyps):
         # One line per input line, whatever the model emits.

@@ -50,11 +50,13 @@ def test_train_and_translate_on_the_micro_world(micro_world, tmp_path, capsys):
     assert len(out.read_text(encoding="utf-8").splitlines()) == 2
 
 
-def test_demo_quick_prints_the_five_method_table(micro_world, tmp_path, capsys):
+def test_demo_quick_prints_the_method_table_with_rerank_rows(micro_world, tmp_path, capsys):
     from qeebm.demo import SYSTEMS, run_demo
 
     table = run_demo(world_dir=str(micro_world), runs_dir=str(tmp_path / "demo"), quick=True, steps=2)
     rows = [line.split("|")[1].strip() for line in table.splitlines() if line.startswith("| ") and "seeds" not in line]
-    assert rows == ["base (baseline)", *SYSTEMS]
+    assert rows[:-2] == ["base (baseline)", *SYSTEMS]
+    assert rows[-2] == "base+rerank" and rows[-1].endswith("+rerank") and rows[-1][:-len("+rerank")] in SYSTEMS
+    assert "Selection among candidates" in table
     assert (tmp_path / "demo" / "comparison" / "comparison.csv").is_file()
     assert any((tmp_path / "demo" / "comparison" / "plots").glob("*.png"))

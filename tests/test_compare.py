@@ -307,6 +307,35 @@ def test_reward_hacking_warning_fires_only_without_heldout_gains():
     assert unchecked.warnings == [] and unchecked.notes[0].startswith("note: cannot check qe-ebm for reward hacking")
 
 
+def test_reward_hacking_warning_covers_reranked_rows():
+    # base+rerank was not trained on anything: its Kiwi gain comes from selecting by Kiwi.
+    rnd = np.random.default_rng(3)
+    refs = corpus(30)
+    hyp = noisy(refs, 0.3, 2)
+    kiwi, judge = rnd.uniform(0.4, 0.6, 30), rnd.uniform(0.4, 0.6, 30)
+    reranked = report("base+rerank", None, hyp, refs, kiwi=kiwi + 0.05, judge=judge, heldout=["judge"])
+    reranked["selected_on"] = "kiwi"
+    reranked["selection"] = {"rule": "rerank", "model": "qe/kiwi", "utility": None, "candidates": 8, "mode": "beam",
+                             "signature": "rule:rerank|qe:qe/kiwi|candidates:8|gen:beam8|max_new:50",
+                             "ms_per_segment": 12.5}
+    result = compare(entries(report("base", None, hyp, refs, kiwi=kiwi, judge=judge), reranked),
+                     metrics=["kiwi", "judge"], sacrebleu_test=False)
+    assert result.warnings == ["WARNING: possible reward hacking: base+rerank improves its selection QE Kiwi "
+                               "significantly (+5.00) but none of the held-out judges (Judge) improves "
+                               "significantly over base"]
+    text = format_markdown(result)
+    assert "- base+rerank: chosen by QE qe/kiwi among 8 beam candidates; 12.5 ms per segment" in text
+    # A system trained on Kiwi and reranked by it: one warning naming both roles.
+    both = dict(reranked, system="qe-ebm+rerank", trained_on="kiwi")
+    result = compare(entries(report("base", None, hyp, refs, kiwi=kiwi, judge=judge), both),
+                     metrics=["kiwi", "judge"], sacrebleu_test=False)
+    assert len(result.warnings) == 1 and "improves its training and selection QE Kiwi" in result.warnings[0]
+    # The same gain with a held-out judge that improves too: no warning.
+    honest = dict(reranked, segments=dict(reranked["segments"], judge=list(judge + 0.03)))
+    assert compare(entries(report("base", None, hyp, refs, kiwi=kiwi, judge=judge), honest),
+                   metrics=["kiwi", "judge"], sacrebleu_test=False).warnings == []
+
+
 # ---------------------------------------------------------------------------------------------
 # Reports and inputs
 
@@ -335,6 +364,11 @@ def test_report_round_trip_and_validation(tmp_path):
     fails(lambda r: r["segments"]["comet"].pop(), "'segments.comet' has 5 values for 6")
     fails(lambda r: r["segments"]["comet"].__setitem__(2, "x"), "'segments.comet' item 2")
     fails(lambda r: r.__setitem__("format", "qeebm-eval/0"), "key 'format'")
+    fails(lambda r: r.__setitem__("selected_on", 3), "key 'selected_on' must be a metric name or null")
+    fails(lambda r: r.__setitem__("selection", {"rule": "best", "candidates": 8, "signature": ""}),
+          "key 'selection.rule' is 'best', expected one of rerank, mbr")
+    fails(lambda r: r.__setitem__("selection", {"rule": "mbr", "candidates": 0, "signature": ""}),
+          "key 'selection.candidates' is 0, not a positive integer")
     (tmp_path / "broken.json").write_text("{")
     with pytest.raises(QeebmError, match="broken.json: not valid JSON"):
         read_report(tmp_path / "broken.json")

@@ -71,7 +71,7 @@ def test_every_recipe_dry_run_prints_its_plan(pair, tmp_path):
     proc = run(["bash", str(RECIPES / f"{pair}.sh"), *extra, "--dry-run", "--out", str(out)], timeout=60)
     assert proc.returncode == 0, proc.stderr
     text = proc.stdout
-    assert "5 systems x 3 seeds = 15 runs" in text
+    assert "6 systems x 3 seeds = 18 runs" in text
     for system in SYSTEMS:
         for seed in (231, 42, 6):
             assert f"{system} seed {seed} -> {out / 'runs' / 'mbart50' / system / f'seed{seed}'}" in text
@@ -95,7 +95,7 @@ def test_dry_run_shows_the_pair_data_guards_and_models():
 
 def test_plan_follows_the_published_setup():
     plan = plan_for(EN_MN)
-    assert len(plan.runs) == 15 and [r.seed for r in plan.runs[:5]] == [231] * 5
+    assert len(plan.runs) == 18 and [r.seed for r in plan.runs[:6]] == [231] * 6
     by_system = {r.system: r.cfg for r in plan.runs if r.seed == 231}
     for system, cfg in by_system.items():
         assert cfg.model.name_or_path == "facebook/mbart-large-50" and cfg.model.lora.enabled
@@ -111,6 +111,18 @@ def test_plan_follows_the_published_setup():
     assert by_system["qe-ebm-static"].qe.mode == "static" and by_system["qe-ebm-dynamic"].qe.mode == "dynamic"
     assert by_system["reinforce"].reinforce.guards and by_system["ppo"].ppo.guards
     assert by_system["reinforce"].reinforce.top_p == 0.9 and by_system["qe-ebm-static"].qe_ebm.num_samples == 5
+    finetune = by_system["qe-finetune"].qe_finetune
+    assert (finetune.num_candidates, finetune.candidates, finetune.selection, finetune.refresh_every) == (8, "beam", "rerank", 0)
+
+
+def test_rerank_adds_an_evaluation_and_compare_inputs():
+    plan = plan_for(EN_MN, "--systems", "sft,qe-finetune", "--seeds", "1", "--rerank")
+    assert plan.selection().candidates == 8 and plan.selection().model == "Unbabel/wmt22-cometkiwi-da"
+    assert plan.rerank_reports() == [str(r.run_dir / "eval" / "test-rerank.json") for r in plan.runs]
+    assert plan.compare_args()[:4] == plan.run_dirs() + plan.rerank_reports()
+    text = format_plan(plan)
+    assert "--rerank Unbabel/wmt22-cometkiwi-da --candidates 8 --system SYSTEM+rerank" in text
+    assert plan_for(EN_MN, "--rerank", "4").rerank == 4 and plan_for(EN_MN).rerank_reports() == []
 
 
 def test_several_processes_keep_the_global_batch(monkeypatch):
@@ -178,7 +190,7 @@ def test_real_configs_load_and_name_their_system():
     assert sorted(f.stem for f in files) == sorted(SYSTEMS)
     for path in files:
         cfg = load_config(path)
-        assert cfg.method == ("qe-ebm" if path.stem.startswith("qe-ebm") else path.stem)
+        assert cfg.method == ("qe-ebm" if path.stem.startswith("qe-ebm-") else path.stem)
         assert "accelerate launch" in path.read_text(encoding="utf-8").split("\nmethod:")[0]
 
 
@@ -303,7 +315,7 @@ def test_en_mn_runs_end_to_end_through_bash(micro_world, tmp_path):
     # Running again finds every run done.
     proc = run(["bash", str(RECIPES / "en-mn.sh"), "--tiny", str(micro_world), "--steps", "2", "--seeds", "1",
                 "--out", str(out), "--dry-run"], timeout=60)
-    assert proc.stdout.count("(done: final/ exists)") == 5
+    assert proc.stdout.count("(done: final/ exists)") == len(SYSTEMS)
 
 
 @pytest.mark.slow
@@ -322,10 +334,15 @@ def test_accelerate_launch_runs_the_recipe_file_as_typed(micro_world, tmp_path):
 def test_another_recipe_runs_on_the_nllb_stand_in(micro_world, tmp_path):
     out = tmp_path / "out"
     proc = run(["bash", str(RECIPES / "en-de.sh"), "--tiny", str(micro_world), "--model", "nllb600m",
-                "--systems", "sft,reinforce", "--steps", "1", "--seeds", "1", "--out", str(out)])
+                "--systems", "sft,reinforce", "--steps", "1", "--seeds", "1", "--out", str(out), "--rerank", "3"])
     assert proc.returncode == 0, proc.stderr[-4000:]
     reports = _reports(out, "nllb600m", ["sft", "reinforce"])
     assert reports["reinforce"]["trained_on"] == "kiwi"
+    reranked = json.loads((out / "runs" / "nllb600m" / "sft" / "seed231" / "eval" / "test-rerank.json").read_text())
+    assert reranked["system"] == "sft+rerank" and reranked["selected_on"] == "kiwi"
+    assert reranked["selection"]["candidates"] == 3 and "judge" in reranked["heldout"]
+    table = (out / "results" / "nllb600m" / "comparison.md").read_text()
+    assert "| sft+rerank |" in table and "| reinforce+rerank |" in table and "Selection among candidates" in table
     config = yaml.safe_load((out / "runs" / "nllb600m" / "reinforce" / "seed231" / "config.yaml").read_text())
     assert config["model"]["name_or_path"].endswith("nllb-base")
     assert config["guards"]["length_ratio_ranges"] == [["eng_Latn", "deu_Latn", 1.05, 1.36]]

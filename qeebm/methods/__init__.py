@@ -8,6 +8,7 @@ from qeebm.errors import QeebmError
 from qeebm.methods.base import Batch, Method, StepOutput
 from qeebm.methods.ppo import PPO
 from qeebm.methods.qe_ebm import QeEbm
+from qeebm.methods.qe_finetune import QeFinetune
 from qeebm.methods.reinforce import Reinforce
 from qeebm.methods.sft import SFT
 
@@ -20,6 +21,6 @@ class _Registry(dict):
         raise QeebmError(f"unknown method '{name}'{hint}; known methods: {', '.join(sorted(self))}")
 
 
-METHODS: dict[str, type] = _Registry(sft=SFT, reinforce=Reinforce, ppo=PPO, **{"qe-ebm": QeEbm})
+METHODS: dict[str, type] = _Registry(sft=SFT, reinforce=Reinforce, ppo=PPO, **{"qe-ebm": QeEbm, "qe-finetune": QeFinetune})
 
 __all__ = ["METHODS", "Batch", "Method", "StepOutput"]

@@ -293,12 +293,20 @@ class QeEbm:
         with torch.enable_grad():
             scores = self.qe_scores(src, list(batch.tgt) + samples)  # [N + N*K]
         s_ref, s_smp = scores[:n], scores[n:]
-        if self.q.loss == "nce":
-            # NCE with the translator as noise: logit = QE(x, y) - log pbar(y | x).
-            ref, smp = s_ref - logp_ref, s_smp - logp_smp
-            total = F.binary_cross_entropy_with_logits(ref, torch.ones_like(ref), reduction="sum") + \
-                F.binary_cross_entropy_with_logits(smp, torch.zeros_like(smp), reduction="sum")
-            loss = total / (batch.global_examples * (1 + k))
+        if self.q.loss in ("nce", "rank-nce"):
+            # NCE with the translator as noise: logit = QE(x, y) - w * log pbar(y | x).
+            w = self.q.noise_weight
+            ref, smp = s_ref - w * logp_ref, s_smp - w * logp_smp
+            if self.q.loss == "nce":
+                total = F.binary_cross_entropy_with_logits(ref, torch.ones_like(ref), reduction="sum") + \
+                    F.binary_cross_entropy_with_logits(smp, torch.zeros_like(smp), reduction="sum")
+                loss = total / (batch.global_examples * (1 + k))
+            else:
+                # Ranking NCE (Ma & Collins 2018): which of the reference and its K samples is the data?
+                # Consistent for conditional models without a normalised QE, and a shift of every
+                # logit of a source changes nothing, so "everything is noise" is no solution.
+                logits = torch.cat([ref[:, None], smp.view(n, k)], dim=1)  # [N, 1 + K]
+                loss = -F.log_softmax(logits, dim=1)[:, 0].sum() / batch.global_examples
         else:
             ref, smp = s_ref, s_smp
             loss = F.relu(self.q.margin - (ref.repeat_interleave(k) - smp)).sum() / (batch.global_examples * k)

@@ -1,0 +1,159 @@
+"""QE finetuning (Finkelstein & Freitag 2023, "MBR and QE Finetuning"): distil the QE's choices.
+
+The simplest strong way to use a QE at training time, and the one QE-EBM must beat ("is
+backpropagating through the QE better than distilling its choices?"). Per optimiser step:
+
+1. (``before_step``) every ``qe_finetune.refresh_every`` steps the teacher becomes a copy of the
+   translator as it is now; until the first refresh (and forever with 0) it is the initial model,
+   which makes the pseudo-targets the paper's offline QE-finetuning data;
+2. (``rollout``) the teacher translates each source-only sentence of the batch into N candidates
+   (beam N-best or samples) and the best is kept: by the QE at ``qe.path`` (rerank) or by MBR
+   (qeebm/qad.py, the same selection ``qeebm evaluate --rerank/--mbr`` makes);
+3. (``finish_rollouts``) the selected targets' token count over the whole step, the normaliser of
+   their token-mean CE;
+4. (``loss``) alpha * CE(labelled batch) + beta * CE(sources, selected targets), both SFT's
+   label-smoothed token means.
+
+Exact resume: the teacher differs from the initial model only in the parameters being trained, so
+``state_dict`` holds those (after a refresh) and the step of the latest refresh; candidate sampling
+draws from the run's RNG, which the checkpoint restores.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from qeebm.config import Config, GenerationConfig
+from qeebm.errors import QeebmError
+from qeebm.methods import reinforce
+from qeebm.methods.base import Batch, StepOutput
+from qeebm.methods.sampling import mono_sources
+from qeebm.methods.sft import label_smoothed_ce
+from qeebm.qad import CHRF, Choice, Selection, generate_candidates
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class QeFinetuneRollout:
+    """One micro-batch: the labelled ``batch`` and ``pseudo``, its N source-only sentences with
+    their selected targets as labels (``global_tokens`` set by ``finish_rollouts``); ``choice``:
+    the selection (chosen texts, candidate positions, every candidate's score)."""
+
+    batch: Batch
+    pseudo: Batch
+    choice: Choice
+
+
+class QeFinetune:
+    name = "qe-finetune"
+    needs_mono = True
+
+    @classmethod
+    def check_config(cls, cfg: Config) -> None:
+        c = cfg.qe_finetune
+        if c.selection == "rerank":
+            reinforce.check_static_qe(cfg)
+        if c.num_candidates < 1 or c.num_beams < 1:
+            raise QeebmError(f"qe_finetune.num_candidates and num_beams must be at least 1; got "
+                             f"{c.num_candidates} and {c.num_beams}")
+        if c.refresh_every < 0:
+            raise QeebmError(f"qe_finetune.refresh_every must be 0 (never) or a number of steps; got {c.refresh_every}")
+        if c.alpha < 0 or c.beta < 0 or c.alpha + c.beta == 0:
+            raise QeebmError(f"qe_finetune.alpha and beta must be >= 0, not both 0; got {c.alpha} and {c.beta}")
+
+    def __init__(self, cfg: Config, translator, model: torch.nn.Module):
+        self.cfg, self.c = cfg, cfg.qe_finetune
+        self.translator, self.model = translator, model
+        c = self.c
+        self.label_smoothing = cfg.optim.label_smoothing
+        self.selection = Selection("rerank" if c.selection == "rerank" else "mbr",
+                                   model=cfg.qe.path if c.selection == "rerank" else (None if c.utility == CHRF else c.utility),
+                                   candidates=c.num_candidates, mode=c.candidates).check()
+        self.gen = self.selection.generation(GenerationConfig(
+            num_beams=c.num_beams, max_new_tokens=c.max_new_tokens, temperature=c.temperature, top_k=c.top_k,
+            top_p=c.top_p, epsilon=c.epsilon))
+        # Reranking goes through the RL baselines' scorer (tests swap in a toy one there).
+        scorer = reinforce.build_scorer(cfg, translator.device) if c.selection == "rerank" else None
+        self.select = self.selection.selector(translator.device, scorer)
+        # The loop builds the method before it restores a checkpoint: this copy starts as the initial model.
+        self.teacher = copy.deepcopy(translator.model).eval().requires_grad_(False)
+        self.teacher_translator = dataclasses.replace(translator, model=self.teacher)
+        self.trained = [n for n, p in translator.model.named_parameters() if p.requires_grad]
+        self.refreshed_at = 0  # the step after which the teacher was copied; 0: the initial model
+
+    # Exact resume: the teacher's trained parameters (after a refresh) and when it was refreshed.
+    def state_dict(self) -> dict:
+        params = dict(self.teacher.named_parameters())
+        teacher = {n: params[n].detach().cpu().clone() for n in self.trained} if self.refreshed_at else {}
+        return {"refreshed_at": self.refreshed_at, "teacher": teacher}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.refreshed_at = int(state["refreshed_at"])
+        if state["teacher"]:
+            params = dict(self.teacher.named_parameters())
+            with torch.no_grad():
+                for name, value in state["teacher"].items():
+                    params[name].copy_(value)
+
+    def refresh_due(self, step: int) -> bool:
+        r = self.c.refresh_every
+        return r > 0 and step > 1 and (step - 1) % r == 0
+
+    def before_step(self, batches: list[Batch], all_reduce) -> dict[str, float]:
+        """1. The teacher becomes the translator as it is after ``step - 1`` updates."""
+        step = batches[0].step
+        if self.refresh_due(step):
+            current = dict(self.translator.model.named_parameters())
+            with torch.no_grad():
+                for name, p in self.teacher.named_parameters():
+                    if name in current:
+                        p.copy_(current[name])
+            self.refreshed_at = step - 1
+            log.info("qe-finetune: teacher refreshed with the translator after step %d", step - 1)
+        return {}
+
+    @torch.no_grad()
+    def rollout(self, batch: Batch) -> QeFinetuneRollout:
+        # 2. N candidates of each source-only sentence from the teacher; the selection keeps one.
+        src = mono_sources(batch)
+        cands = generate_candidates(self.teacher_translator, src, self.gen, self.c.num_candidates)
+        choice = self.select(src, cands)
+        enc = {k: v.to(batch.input_ids.device) for k, v in self.translator.encode(src, choice.hyps).items()}
+        pseudo = Batch(src=src, tgt=choice.hyps, input_ids=enc["input_ids"], attention_mask=enc["attention_mask"],
+                       labels=enc["labels"], global_tokens=0, global_examples=batch.global_mono, step=batch.step)
+        return QeFinetuneRollout(batch=batch, pseudo=pseudo, choice=choice)
+
+    def finish_rollouts(self, rollouts: list[QeFinetuneRollout], gather) -> list[QeFinetuneRollout]:
+        """3. The step's selected-target tokens over all micro-batches and processes."""
+        local = sum(int((r.pseudo.labels != -100).sum()) for r in rollouts)
+        device = rollouts[0].pseudo.labels.device
+        total = int(gather(torch.tensor([local], dtype=torch.long, device=device)).sum())
+        for r in rollouts:
+            r.pseudo.global_tokens = total
+        return rollouts
+
+    def loss(self, r: QeFinetuneRollout) -> StepOutput:
+        # 4. alpha * CE(labelled) + beta * CE(selected targets).
+        if not r.pseudo.global_tokens:
+            raise RuntimeError("QeFinetune.loss before finish_rollouts: the loop must call it after the rollouts")
+        n = r.pseudo.global_examples
+        distill, nll = label_smoothed_ce(self.model, r.pseudo, self.label_smoothing, with_nll=True)
+        terms = {"distill": self.c.beta * distill}
+        metrics = {
+            "qe-finetune/distill_ce": distill.item(),
+            "qe-finetune/distill_nll": nll.item(),
+            "qe-finetune/selected_score": sum(s[i] for s, i in zip(r.choice.scores, r.choice.index)) / n,
+            "qe-finetune/changed": sum(i != 0 for i in r.choice.index) / n,
+            "qe-finetune/target_len": float((r.pseudo.labels != -100).sum()) / n,
+        }
+        if self.c.alpha > 0:
+            ce, ce_nll = label_smoothed_ce(self.model, r.batch, self.label_smoothing, with_nll=True)
+            terms = {"ce": self.c.alpha * ce, **terms}
+            metrics |= {"qe-finetune/ce": ce.item(), "qe-finetune/nll": ce_nll.item()}
+        return StepOutput(loss=sum(terms.values()), metrics=metrics, terms=terms)
