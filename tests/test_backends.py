@@ -52,6 +52,7 @@ def test_weight_sharding_backends_are_refused_before_loading(base, tmp_path, mon
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.skipif(not HAS_DEEPSPEED, reason="deepspeed is not installed (pip install deepspeed)")
 def test_deepspeed_config_takes_the_runs_batch_and_clipping(base, tmp_path, monkeypatch, fresh_accelerate_state):
     # The shipped config's values, as `accelerate launch --config_file deepspeed_zero2.yaml` exports them.
     monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
