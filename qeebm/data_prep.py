@@ -1,6 +1,6 @@
 """Downloading a public parallel corpus and splitting it as the paper did (online only).
 
-The published setup (../shared/notes/method.md): every split filtered to at most 50 translator tokens
+The published setup (docs/method.md, "The published setup"): every split filtered to at most 50 translator tokens
 per side, the training pairs capped at 200k, 20% of them kept as labelled pairs and the other 80%
 used as source sentences only. ``prepare`` writes that as the four files the training loop reads::
 

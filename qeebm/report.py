@@ -1,7 +1,7 @@
 """The evaluation report: one JSON file per evaluated system and split (``<run>/eval/<split>.json``).
 
 A report keeps the per-segment rows, not just corpus numbers, so ``scripts/compare.py`` can bootstrap
-any metric by resampling rows (see ../shared/notes/style.md, the sacrebleu paragraph)::
+any metric by resampling rows (sacrebleu's paired bootstrap resampling, applied to every metric)::
 
     {"format": "qeebm-eval/1",
      "system": "qe-ebm-static",          # table row; several seeds of one system share it

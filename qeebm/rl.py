@@ -20,7 +20,7 @@ import math
 
 import torch
 
-# Published PPO setup (see ../shared/notes/method.md, "Baselines in the paper").
+# Published PPO setup (docs/method.md, "The baselines").
 INIT_KL_COEF = 0.2
 KL_TARGET = 6.0
 KL_HORIZON = 10_000

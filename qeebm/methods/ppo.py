@@ -1,6 +1,6 @@
 """PPO with a QE reward: the actor-critic baseline of the QE-EBM paper.
 
-The paper ran seq2seq PPO with TRL's former defaults (../shared/notes/method.md): a value head,
+The paper ran seq2seq PPO with TRL's former defaults (docs/method.md): a value head,
 adaptive KL to the initial model, GAE, clipped policy and value losses, 2 PPO epochs over
 minibatches of each rollout. One optimiser step of the loop is one rollout here:
 

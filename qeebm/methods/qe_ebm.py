@@ -1,6 +1,6 @@
 """QE-EBM: a quality estimator's negated score as an energy loss on the translator's own samples.
 
-The method (../shared/notes/method.md; Yoo & Lee, arXiv 2410.10228), per micro-batch:
+The method (docs/method.md; Yoo & Lee, arXiv 2410.10228), per micro-batch:
 
 1. rollout, no gradient: K samples per source of the source-only batch (``Batch.mono``) with
    ``Translator.generate_ids``. The emitted tokens are the translations; nothing re-takes an argmax

@@ -1,6 +1,6 @@
 """REINFORCE with a QE reward: the policy-gradient baseline of the QE-EBM paper.
 
-Per optimiser step (../shared/notes/method.md, "Baselines in the paper"):
+Per optimiser step (docs/method.md, "The baselines"):
 1. sample K translations of each source-only sentence (nucleus p=0.9 as published);
 2. reward = QE score of (source, sample), minus the guards' penalty (qeebm/guards.py);
 3. advantage = reward - baseline (running mean of earlier rewards as published, leave-one-out or
