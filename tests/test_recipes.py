@@ -287,12 +287,15 @@ def _reports(out: Path, model: str, systems) -> dict:
 
 @pytest.mark.slow
 def test_en_mn_runs_end_to_end_through_bash(micro_world, tmp_path):
+    # The recipe runs every system through the same steps; the baseline and the method with the most
+    # moving parts (a trained QE) stand for them here, the dry-run tests cover the others' plans.
+    systems = ["sft", "qe-ebm-dynamic"]
     out = tmp_path / "out"
     proc = run(["bash", str(RECIPES / "en-mn.sh"), "--tiny", str(micro_world), "--steps", "2", "--seeds", "1",
-                "--out", str(out)])
+                "--systems", ",".join(systems), "--out", str(out)])
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "accelerate.commands.launch" in proc.stderr  # bash went through accelerate launch
-    reports = _reports(out, "mbart50", SYSTEMS)
+    reports = _reports(out, "mbart50", systems)
     for system, report in reports.items():
         assert report["system"] == system and report["seed"] == 231
         assert {"bleu", "chrf", "ter", "comet", "kiwi", "judge"} <= set(report["corpus"])
@@ -303,10 +306,10 @@ def test_en_mn_runs_end_to_end_through_bash(micro_world, tmp_path):
     config = yaml.safe_load((out / "runs" / "mbart50" / "qe-ebm-dynamic" / "seed231" / "config.yaml").read_text())
     assert config["qe"]["mode"] == "dynamic" and config["qe"]["warmup_steps"] == 0
     table = (out / "results" / "mbart50" / "comparison.md").read_text()
-    assert "baseline sft" in table and all(f"| {s} |" in table for s in SYSTEMS[1:])
+    assert "baseline sft" in table and all(f"| {s} |" in table for s in systems[1:])
     assert "| system |" in proc.stdout
     # Validation selected best/ on Kiwi and kept best-chrf/ too; both choices are evaluated and compared.
-    for system in SYSTEMS:
+    for system in systems:
         run_dir = out / "runs" / "mbart50" / system / "seed231"
         config = yaml.safe_load((run_dir / "config.yaml").read_text())
         assert config["eval"]["metric"] == "kiwi" and config["eval"]["also_best"] == ["chrf"]
@@ -314,8 +317,8 @@ def test_en_mn_runs_end_to_end_through_bash(micro_world, tmp_path):
     assert (out / "results" / "mbart50" / "test-best-chrf" / "comparison.md").is_file()
     # Running again finds every run done.
     proc = run(["bash", str(RECIPES / "en-mn.sh"), "--tiny", str(micro_world), "--steps", "2", "--seeds", "1",
-                "--out", str(out), "--dry-run"], timeout=60)
-    assert proc.stdout.count("(done: final/ exists)") == len(SYSTEMS)
+                "--systems", ",".join(systems), "--out", str(out), "--dry-run"], timeout=60)
+    assert proc.stdout.count("(done: final/ exists)") == len(systems)
 
 
 @pytest.mark.slow
@@ -349,10 +352,11 @@ def test_another_recipe_runs_on_the_nllb_stand_in(micro_world, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("pair", ["en-az", "en-ka", "en-mr", "en-bn", "en-zh", "any-pair"])
-def test_every_other_recipe_runs_end_to_end_on_the_tiny_world(pair, micro_world, tmp_path):
-    # The recipes differ only in what they declare (pair, corpus, guards); one system per file is
-    # enough to run each declaration through data, training, evaluation and comparison.
+@pytest.mark.parametrize("pair", ["en-zh", "any-pair"])
+def test_other_recipes_run_end_to_end_on_the_tiny_world(pair, micro_world, tmp_path):
+    # The recipes differ only in what they declare (pair, corpus, guards), which the dry-run test
+    # checks for every file; a non-Latin target with its own guards (en-zh) and the generic recipe with
+    # its code argument go through data, training, evaluation and comparison too.
     out = tmp_path / "out"
     code = ["kat_Geor"] if pair == "any-pair" else []
     proc = run(["bash", str(RECIPES / f"{pair}.sh"), *code, "--tiny", str(micro_world), "--systems", "sft",
