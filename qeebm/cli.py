@@ -222,7 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "and the best system also with Kiwi reranking, and print the comparison.")
     p.add_argument("--world", help="tiny-world directory, built if absent (default data/tinyworld; "
                    "with --quick data/tinyworld-micro)")
-    p.add_argument("--runs", default="runs/demo", help="where the runs go")
+    p.add_argument("--runs", help="where the runs go (default runs/demo; with --quick runs/demo-quick)")
     p.add_argument("--quick", action="store_true", help="a smoke-sized run on the micro world")
     p.add_argument("--seeds", type=int, default=1, choices=[1, 2, 3], help="seeds per method (42, 231, 6)")
     p.add_argument("--steps", type=int, help="optimiser steps per method (default 120; --quick: 4)")

@@ -7,8 +7,9 @@
    in its own process on one thread: the machine this was built for has two cores.
 3. Evaluate the base and every run on the test set: BLEU, chrF++, TER, the tiny COMET, the tiny
    CometKiwi the RL and QE-EBM runs were trained against, and the held-out tiny judge; then the base
-   and the best trained system (by dev chrF++) again with QE reranking of 8 beam candidates by the
-   tiny CometKiwi (rows ``base+rerank``, ``SYSTEM+rerank``).
+   and the best trained system (by dev chrF++) again with quality-aware decoding of 8 beam
+   candidates: QE reranking by the tiny CometKiwi (rows ``base+rerank``, ``SYSTEM+rerank``) and MBR
+   with the chrF++ utility (``base+mbr``, ``SYSTEM+mbr``), with their cost printed.
 4. Print the comparison table (``scripts/compare.py``: 95% bootstrap CIs, paired significance
    against the base) and write it with plots to ``<runs>/comparison``.
 """
@@ -98,7 +99,7 @@ def best_system(run_dirs: dict) -> str:
     return max(scores, key=lambda name: sum(scores[name]) / len(scores[name]))
 
 
-def run_demo(world_dir: str | None = None, runs_dir: str = "runs/demo", quick: bool = False,
+def run_demo(world_dir: str | None = None, runs_dir: str | None = None, quick: bool = False,
              seeds: int = 1, steps: int | None = None) -> str:
     from qeebm.compare import run as compare
     from qeebm.config import ModelConfig
@@ -108,7 +109,8 @@ def run_demo(world_dir: str | None = None, runs_dir: str = "runs/demo", quick: b
 
     start = time.perf_counter()
     world = Path(world_dir or ("data/tinyworld-micro" if quick else "data/tinyworld"))
-    runs = Path(runs_dir)
+    # The smoke run has its own directory: a full demo after it would otherwise try to resume its runs.
+    runs = Path(runs_dir or ("runs/demo-quick" if quick else "runs/demo"))
     if not is_built(world):
         build(world, size="micro" if quick else "default")
     b = budget(quick) | ({"steps": steps} if steps else {})
@@ -134,26 +136,32 @@ def run_demo(world_dir: str | None = None, runs_dir: str = "runs/demo", quick: b
     for (name, _), run_dir in run_dirs.items():
         evaluate_run(run_dir, metrics=spec, system=name)
     timings["evaluate"] = time.perf_counter() - t
-    # The same with QE reranking by the trained-on Kiwi: the base, and the best system by dev chrF++.
-    t = time.perf_counter()
-    rerank = Selection("rerank", spec.kiwi)
-    report = evaluate_system(base, world / "data/test.tsv", spec, system="base+rerank", model=str(world / "nllb-base"),
-                             selection=rerank)
-    reranked = [write_eval(report, runs / "base", "test-rerank")]
-    del base
+    # Quality-aware decoding of the base and of the best system by dev chrF++: QE reranking by the
+    # trained-on Kiwi, and MBR with the chrF++ utility, each over the same 8 beam candidates.
     best = best_system(run_dirs)
-    for (name, _), run_dir in run_dirs.items():
-        if name == best:
-            reranked.append(evaluate_run(run_dir, metrics=spec, system=f"{name}+rerank", selection=rerank)[1])
-    timings["evaluate_rerank"] = time.perf_counter() - t
+    selected = []
+    for selection in (Selection("rerank", spec.kiwi), Selection("mbr")):
+        t = time.perf_counter()
+        rule = selection.rule
+        report = evaluate_system(base, world / "data/test.tsv", spec, system=f"base+{rule}",
+                                 model=str(world / "nllb-base"), selection=selection)
+        selected.append(write_eval(report, runs / "base", f"test-{rule}"))
+        for (name, _), run_dir in run_dirs.items():
+            if name == best:
+                selected.append(evaluate_run(run_dir, metrics=spec, system=f"{name}+{rule}", selection=selection)[1])
+        timings[f"evaluate_{rule}"] = time.perf_counter() - t
+    del base
 
     # 4. The table (seeds of one system are grouped by its name).
-    table = compare([str(runs / "base")] + [str(d) for d in run_dirs.values()] + [str(r) for r in reranked],
+    table = compare([str(runs / "base")] + [str(d) for d in run_dirs.values()] + [str(r) for r in selected],
                     baseline="base", out=runs / "comparison", plots=True)
     timings["total"] = time.perf_counter() - start
     (runs / "timings.json").write_text(json.dumps(timings, indent=2) + "\n")
     print(f"\nTiny world, test set, {b['steps']} steps of each method from the same base "
-          f"(batch {b['batch_size']}, {seeds} seed(s)); beam 5; +rerank: the best of 8 beam candidates by Kiwi:\n")
+          f"(batch {b['batch_size']}, {seeds} seed(s)); beam 5; +rerank / +mbr: the best of 8 beam candidates by Kiwi / by MBR with the chrF++ utility:\n")
     print(table)
-    print(f"\ntables and plots: {runs / 'comparison'}; total time {timings['total']:.0f} s")
+    print(f"\ntime: training {sum(v for k, v in timings.items() if k.startswith('train/')):.0f} s (summed over runs), "
+          f"plain evaluation {timings['evaluate']:.0f} s, +rerank {timings['evaluate_rerank']:.0f} s, "
+          f"+mbr {timings['evaluate_mbr']:.0f} s (two systems each)")
+    print(f"tables and plots: {runs / 'comparison'}; total time {timings['total']:.0f} s")
     return table
