@@ -404,6 +404,17 @@ def test_heldout_correlation_is_measured_on_logged_steps_every_n_updates(world, 
     assert measured == {1: 1, 3: 3, 5: 5}
 
 
+def test_heldout_path_auto_is_the_file_beside_the_qe_when_there_is_one(tmp_path):
+    from qeebm.config import QEConfig
+    from qeebm.methods.qe_ebm import heldout_path
+
+    q = QEConfig(path=str(tmp_path / "qe" / "kiwi"), heldout_path="auto")
+    assert heldout_path(q) == ""
+    _judged_rows(tmp_path / "qe" / "heldout.tsv")
+    assert heldout_path(q) == str(tmp_path / "qe" / "heldout.tsv")
+    assert heldout_path(QEConfig(heldout_path="rows.jsonl")) == "rows.jsonl" and heldout_path(QEConfig()) == ""
+
+
 def test_heldout_metrics_reach_metrics_jsonl_and_a_bad_file_fails_first(world, tmp_path):
     bad = tmp_path / "bad.tsv"
     bad.write_text("src\tmt\tscore\na\tb\t0.5\nc\td\tmany\n")

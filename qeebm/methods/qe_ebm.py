@@ -144,11 +144,14 @@ class QeEbm:
         # QE-dynamic's held-out correlation: measured only on logged steps (the loop writes no other),
         # and the number of QE updates the last measured QE had.
         self.log_every = cfg.logging.every
-        self.heldout = HeldoutProbe(self.q.heldout_path, self.q.heldout_max_rows) \
-            if self.dynamic and self.q.heldout_path else None
+        heldout = heldout_path(self.q)
+        self.heldout = HeldoutProbe(heldout, self.q.heldout_max_rows) if self.dynamic and heldout else None
         self.heldout_measured_at: int | None = None
-        if self.q.heldout_path and not self.dynamic:
+        if heldout and not self.dynamic:
             log.warning("qe.heldout_path is only measured with qe.mode=dynamic (a static QE does not change)")
+        elif self.dynamic and self.q.heldout_path == "auto" and not heldout:
+            log.info("qe.heldout_path=auto: no heldout.tsv beside %s, so no held-out correlation is measured",
+                     self.q.path)
         c = self.c
         if c.weighting == "absolute" and c.alpha is None and c.alpha_coupling * c.beta_max > 1:
             floor = math.ceil(c.beta_ramp_steps / (c.alpha_coupling * c.beta_max)) if c.beta_ramp_steps else 1
@@ -183,8 +186,8 @@ class QeEbm:
             raise QeebmError(f"config key 'qe.train_parts' has unknown parts {unknown}; choose from {', '.join(QE_PARTS)}")
         if q.mode == "dynamic" and not q.train_parts:
             raise QeebmError("qe.mode=dynamic needs at least one of qe.train_parts (head, layerwise, lora)")
-        if q.mode == "dynamic" and q.heldout_path:
-            read_judged(q.heldout_path, q.heldout_max_rows)  # a bad file fails now, not at the first measurement
+        if q.mode == "dynamic" and heldout_path(q):
+            read_judged(heldout_path(q), q.heldout_max_rows)  # a bad file fails now, not at the first measurement
 
     # ------------------------------------------------------------------------------ NMT phase
     @torch.no_grad()
@@ -422,6 +425,17 @@ class QeEbm:
 
 
 # ---------------------------------------------------------------------------------- building
+def heldout_path(q: QEConfig) -> str:
+    """The judged rows to measure the dynamic QE on: ``qe.heldout_path``, or under "auto" the
+    ``heldout.tsv`` beside the QE's directory (the tiny world's ``qe/heldout.tsv`` next to
+    ``qe/kiwi``) when there is one, so a recipe follows whichever world ``qe.path`` points at;
+    "" when none."""
+    if q.heldout_path != "auto":
+        return q.heldout_path
+    beside = Path(q.path).expanduser().parent / "heldout.tsv"
+    return str(beside) if beside.is_file() else ""
+
+
 def load_energy(path: str, translator, freeze: bool):
     """KiwiEnergy over the CometKiwi at ``path`` and a bridge from the translator's vocabulary."""
     from qeebm.qe.bridge import Bridge
