@@ -476,8 +476,11 @@ def test_ddp_processes_hold_the_same_qe(world, tmp_path):
 
     # Relative weighting too: its measurement is all-reduced inside the loss (a collective every
     # process must reach), and the logged gradient diagnostics run beside DDP's own backward.
+    # The held-out measurement runs on every process and the loop sums metrics over processes.
+    heldout = _judged_rows(tmp_path / "heldout.tsv")
     cfg = qe_config(world, tmp_path / "run", "qe.mode=dynamic", "qe.warmup_steps=0", "optim.max_steps=3",
-                    "optim.grad_accum=2", "qe.max_grad_norm=1.0", "qe_ebm.weighting=relative", "qe_ebm.rho_every=2")
+                    "optim.grad_accum=2", "qe.max_grad_norm=1.0", "qe_ebm.weighting=relative", "qe_ebm.rho_every=2",
+                    f"qe.heldout_path={heldout}", "qe.heldout_every=2")
     config = tmp_path / "run.yaml"
     from qeebm.config import dump_config
 
@@ -506,3 +509,5 @@ def test_ddp_processes_hold_the_same_qe(world, tmp_path):
     rows = read_metrics(tmp_path / "run")
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert all(r["diag/ratio_energy"] > 0 and r["qe-ebm/beta"] > 0 for r in rows)
+    assert [r.get("qe-ebm/heldout_updates") for r in rows] == [1, None, 3]
+    assert all(-1 <= r["qe-ebm/heldout_pearson"] <= 1 for r in rows if "qe-ebm/heldout_pearson" in r)
