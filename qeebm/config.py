@@ -194,7 +194,14 @@ class QEConfig:
     form of NCE on the same logits: cross-entropy of picking the reference among itself and its K
     samples; "margin" asks QE(x, ref) >= QE(x, y_k) + ``margin``.
     ``train_parts``: any of "head" (estimator), "layerwise" (layer-wise attention), "lora" (peft LoRA
-    adapters on the QE encoder, ``lora_*``). The translator's optimiser never sees QE parameters."""
+    adapters on the QE encoder, ``lora_*``). The translator's optimiser never sees QE parameters.
+    ``heldout_path`` (dynamic): judged rows (TSV with a header naming src, mt, score, or JSONL with
+    those keys; the tiny world writes ``qe/heldout.tsv``; "auto": the ``heldout.tsv`` beside the QE
+    directory ``path`` when there is one, else none), whose first ``heldout_max_rows`` (0: all)
+    the current QE scores on the first logged step (``logging.every``), and again on the first
+    logged step after every further ``heldout_every`` QE updates: ``qe-ebm/heldout_pearson`` /
+    ``heldout_spearman`` with the true score in metrics.jsonl, and ``qe-ebm/heldout_updates``, the
+    updates the measured QE had (0, the QE as loaded, when ``warmup_steps`` >= ``logging.every``)."""
 
     path: str = f"{TINYWORLD_DIR}/qe/kiwi"
     mode: str = "static"  # static | dynamic
@@ -211,6 +218,9 @@ class QEConfig:
     lora_r: int = 8
     lora_alpha: int = 16
     lora_target_modules: list[str] = field(default_factory=lambda: ["query", "value"])
+    heldout_path: str = ""  # dynamic: judged (src, mt, score) rows; "auto": beside `path`; "" = none
+    heldout_every: int = 10  # QE updates between held-out measurements
+    heldout_max_rows: int = 500  # the first rows of heldout_path only (0: all), to keep it cheap
 
 
 @dataclass

@@ -1,11 +1,12 @@
 """Downloading a public parallel corpus and splitting it as the paper did (online only).
 
 The published setup (docs/method.md, "The published setup"): every split filtered to at most 50 translator tokens
-per side, the training pairs capped at 200k, 20% of them kept as labelled pairs and the other 80%
-used as source sentences only. ``prepare`` writes that as the four files the training loop reads::
+per side, the training pairs capped at 200k, 20% of them kept as labelled pairs and the sources of
+all of them (the labelled ones included, as the reference code builds its pool) used as the
+source-only pool. ``prepare`` writes that as the four files the training loop reads::
 
-    OUT/train.tsv      labelled pairs (src, tgt)
-    OUT/mono.txt       the source-only pool
+    OUT/train.tsv      labelled pairs (src, tgt): 20% of the kept training pairs
+    OUT/mono.txt       the source-only pool: every kept training source
     OUT/mono_ref.tsv   the pool's references, for analysis only: no method ever reads them
     OUT/dev.tsv, OUT/test.tsv
     OUT/manifest.json  where it came from, the counts and every file's sha256 (written last)
@@ -124,15 +125,16 @@ def carve(pairs: list[tuple[str, str]], size: int, seed: int) -> tuple[list, lis
 
 
 def split_train(pairs: list[tuple[str, str]], cap: int, labelled: float, seed: int) -> tuple[list, list]:
-    """Shuffle, keep at most ``cap`` pairs, and split them into the labelled share and the
-    source-only rest (published: 200k, 20%)."""
+    """Shuffle, keep at most ``cap`` pairs; returns (the first ``labelled`` share of them, all of
+    them as the source-only pool). Published: 200k, 20%, and the pool is every training source, the
+    labelled ones included, so a method that samples the pool also sees the labelled sources."""
     if not 0 < labelled <= 1:
         raise QeebmError(f"the labelled share must be in (0, 1]; got {labelled}")
     order = list(range(len(pairs)))
     random.Random(seed).shuffle(order)
     kept = [pairs[i] for i in order[:cap]] if cap > 0 else [pairs[i] for i in order]
     n = max(1, round(len(kept) * labelled)) if kept else 0
-    return kept[:n], kept[n:]
+    return kept[:n], kept
 
 
 # ----------------------------------------------------------------------------------------------

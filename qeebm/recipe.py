@@ -317,7 +317,7 @@ def format_plan(plan: Plan) -> str:
     lines.append("")
     if plan.tiny is None:
         lines.append(f"1. data: {r.corpus.describe()}: all splits <= 50 {plan.model} tokens per side, train capped "
-                     f"at 200000 pairs, 20% labelled / 80% source-only (qeebm/data_prep.py)")
+                     f"at 200000 pairs, 20% labelled, every training source in the source-only pool (qeebm/data_prep.py)")
         state = "already prepared" if is_prepared(plan.data_dir) else "downloaded on the first real run"
         lines.append(f"   -> {plan.data_dir}/{{train.tsv,mono.txt,dev.tsv,test.tsv}} ({state})")
     else:

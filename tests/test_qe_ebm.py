@@ -312,7 +312,7 @@ def test_qe_update_changes_only_the_chosen_parts(world, tmp_path, parts):
     tr, method, batch = build(cfg)
     qe_before, tr_before = snapshot(method.qe), snapshot(tr.model)
     metrics = method.before_step([batch], lambda t: t)
-    assert set(metrics) == {"qe-ebm/qe_loss", "qe-ebm/ref_above_samples"}
+    assert set(metrics) == {"qe-ebm/qe_loss", "qe-ebm/ref_above_samples", "qe-ebm/ref_score_above_samples"}
     moved = changed(qe_before, method.qe)
     prefixes = {"head": "estimator.", "layerwise": "layerwise_attention.", "lora": "encoder.model."}
     for name in moved:
@@ -373,6 +373,67 @@ def test_dynamic_run_resumes_exactly(world, tmp_path):
     assert "qe-ebm/qe_loss" not in a[0] and "qe-ebm/qe_loss" in a[1]
 
 
+def _judged_rows(path: Path) -> Path:
+    from qeebm.qe.heldout import write_judged
+
+    texts = tiny_texts(24, seed=9)
+    rows = [(src, mt, mt, i / 11) for i, (src, mt) in enumerate(zip(texts[0::2], texts[1::2]))]
+    return write_judged(path, rows)
+
+
+def test_heldout_correlation_is_measured_on_logged_steps_every_n_updates(world, tmp_path):
+    from qeebm.qe.heldout import HeldoutProbe
+
+    heldout = _judged_rows(tmp_path / "heldout.tsv")
+    cfg = qe_config(world, tmp_path / "run", "qe.mode=dynamic", "qe.warmup_steps=0", "qe.lr=1e-2",
+                    "qe.train_parts=[head]", f"qe.heldout_path={heldout}", "qe.heldout_every=2",
+                    "qe.heldout_max_rows=10", "logging.every=1")
+    tr, method, batch = build(cfg)
+    probe = HeldoutProbe(heldout, max_rows=10)
+    measured = {}
+    for step in range(1, 6):
+        batch.step = step
+        metrics = method.before_step([batch], lambda t: t)
+        assert 0.0 <= metrics["qe-ebm/ref_score_above_samples"] <= 1.0
+        if "qe-ebm/heldout_pearson" in metrics:
+            # The QE after this step's update, scored directly: the same numbers.
+            direct = probe.measure(method.qe)
+            assert metrics["qe-ebm/heldout_pearson"] == pytest.approx(direct["pearson"], abs=1e-9)
+            assert metrics["qe-ebm/heldout_spearman"] == pytest.approx(direct["spearman"], abs=1e-9)
+            measured[step] = metrics["qe-ebm/heldout_updates"]
+    assert measured == {1: 1, 3: 3, 5: 5}
+
+
+def test_heldout_path_auto_is_the_file_beside_the_qe_when_there_is_one(tmp_path):
+    from qeebm.config import QEConfig
+    from qeebm.methods.qe_ebm import heldout_path
+
+    q = QEConfig(path=str(tmp_path / "qe" / "kiwi"), heldout_path="auto")
+    assert heldout_path(q) == ""
+    _judged_rows(tmp_path / "qe" / "heldout.tsv")
+    assert heldout_path(q) == str(tmp_path / "qe" / "heldout.tsv")
+    assert heldout_path(QEConfig(heldout_path="rows.jsonl")) == "rows.jsonl" and heldout_path(QEConfig()) == ""
+
+
+def test_heldout_metrics_reach_metrics_jsonl_and_a_bad_file_fails_first(world, tmp_path):
+    bad = tmp_path / "bad.tsv"
+    bad.write_text("src\tmt\tscore\na\tb\t0.5\nc\td\tmany\n")
+    with pytest.raises(QeebmError, match=f"{bad}:3: 'score' is not a number"):
+        train(qe_config(world, tmp_path / "bad", "qe.mode=dynamic", f"qe.heldout_path={bad}"))
+    with pytest.raises(QeebmError, match=f"no such file: {tmp_path / 'nowhere.tsv'}"):
+        train(qe_config(world, tmp_path / "bad", "qe.mode=dynamic", f"qe.heldout_path={tmp_path / 'nowhere.tsv'}"))
+    heldout = _judged_rows(tmp_path / "heldout.tsv")
+    # Warm-up 2 = logging.every: the first measurement is of the QE as loaded, the next after 2 updates.
+    train(qe_config(world, tmp_path / "run", "qe.mode=dynamic", "qe.warmup_steps=2", "optim.max_steps=4",
+                    "logging.every=2", f"qe.heldout_path={heldout}", "qe.heldout_every=1"))
+    records = {r["step"]: r for r in read_metrics(tmp_path / "run")}
+    assert sorted(records) == [2, 4]
+    assert records[2]["qe-ebm/heldout_updates"] == 0 and records[4]["qe-ebm/heldout_updates"] == 2
+    assert "qe-ebm/ref_above_samples" not in records[2] and "qe-ebm/ref_score_above_samples" in records[4]
+    for r in records.values():
+        assert -1.0 <= r["qe-ebm/heldout_pearson"] <= 1.0 and -1.0 <= r["qe-ebm/heldout_spearman"] <= 1.0
+
+
 # ------------------------------------------------------------------------------------------- DDP
 DDP_SCRIPT = '''
 import sys
@@ -415,8 +476,11 @@ def test_ddp_processes_hold_the_same_qe(world, tmp_path):
 
     # Relative weighting too: its measurement is all-reduced inside the loss (a collective every
     # process must reach), and the logged gradient diagnostics run beside DDP's own backward.
+    # The held-out measurement runs on every process and the loop sums metrics over processes.
+    heldout = _judged_rows(tmp_path / "heldout.tsv")
     cfg = qe_config(world, tmp_path / "run", "qe.mode=dynamic", "qe.warmup_steps=0", "optim.max_steps=3",
-                    "optim.grad_accum=2", "qe.max_grad_norm=1.0", "qe_ebm.weighting=relative", "qe_ebm.rho_every=2")
+                    "optim.grad_accum=2", "qe.max_grad_norm=1.0", "qe_ebm.weighting=relative", "qe_ebm.rho_every=2",
+                    f"qe.heldout_path={heldout}", "qe.heldout_every=2")
     config = tmp_path / "run.yaml"
     from qeebm.config import dump_config
 
@@ -445,3 +509,5 @@ def test_ddp_processes_hold_the_same_qe(world, tmp_path):
     rows = read_metrics(tmp_path / "run")
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert all(r["diag/ratio_energy"] > 0 and r["qe-ebm/beta"] > 0 for r in rows)
+    assert [r.get("qe-ebm/heldout_updates") for r in rows] == [1, None, 3]
+    assert all(-1 <= r["qe-ebm/heldout_pearson"] <= 1 for r in rows if "qe-ebm/heldout_pearson" in r)

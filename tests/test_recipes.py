@@ -228,8 +228,9 @@ def test_pairs_from_ted_and_translation_columns():
 def test_split_train_caps_and_keeps_a_fifth_labelled():
     pairs = [(f"s{i}", f"t{i}") for i in range(1000)]
     labelled, mono = split_train(pairs, cap=500, labelled=0.2, seed=1)
-    assert (len(labelled), len(mono)) == (100, 400)
-    assert not set(labelled) & set(mono) and set(labelled) | set(mono) <= set(pairs)
+    # Published rule: the pool is every kept training source, the labelled fifth included.
+    assert (len(labelled), len(mono)) == (100, 500)
+    assert set(labelled) < set(mono) <= set(pairs) and len(set(mono)) == 500
     assert split_train(pairs, cap=500, labelled=0.2, seed=1) == (labelled, mono)
     assert split_train(pairs, cap=500, labelled=0.2, seed=2) != (labelled, mono)
     held, rest = carve(pairs, 50, seed=3)
@@ -250,12 +251,14 @@ def test_prepare_writes_the_split_files(tmp_path, monkeypatch):
                             tgt_code="khk_Cyrl", cap=200, labelled=0.2, seed=1)
     manifest = json.loads((out / "manifest.json").read_text())
     # 30 dev pairs are carved out of train first (a tenth), then 200 of the rest are kept
-    assert manifest["counts"]["train"] == 40 and manifest["counts"]["mono"] == 160
+    assert manifest["counts"]["train"] == 40 and manifest["counts"]["mono"] == 200
     assert manifest["counts"]["dev"] == 30 and manifest["counts"]["test"] == 20
     assert manifest["settings"]["carved_from_train"] == ["dev"]
     train = (out / "train.tsv").read_text().splitlines()
     dev = (out / "dev.tsv").read_text().splitlines()
-    assert train[0] == "src\ttgt" and len(train) == 41 and len((out / "mono.txt").read_text().splitlines()) == 160
+    mono = (out / "mono.txt").read_text().splitlines()
+    assert train[0] == "src\ttgt" and len(train) == 41 and len(mono) == 200
+    assert {line.split("\t")[0] for line in train[1:]} <= set(mono)
     assert not {line.split("\t")[0] for line in train[1:]} & {line.split("\t")[0] for line in dev[1:]}
     assert set(manifest["files"]) == {"train.tsv", "mono.txt", "mono_ref.tsv", "dev.tsv", "test.tsv"}
     # A finished directory is left alone, even offline.

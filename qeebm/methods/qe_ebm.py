@@ -13,7 +13,10 @@ QE-dynamic also trains the QE: once per optimiser step, before its micro-steps (
 update of the selected QE parts with the translator frozen, on the step's labelled batch: the reference
 against K fresh samples, NCE with the translator as noise distribution or a margin ranking. The QE never
 gets a gradient from the translator's loss: its parameters require grad only inside that update, and
-they are in no optimiser but the method's own.
+they are in no optimiser but the method's own. Each update logs how often the reference beats its
+samples (by the loss's logit and by the QE score), and with ``qe.heldout_path`` the QE's correlation
+with the true quality of judged held-out rows is logged every ``qe.heldout_every`` updates: a falling
+loss alone can mean the QE learnt "everything is noise", not quality.
 
 Normalisation (docs/design.md): each returned loss and metric is this micro-batch's contribution to
 the step's global mean: CE over the step's label tokens, energies and sample statistics over the
@@ -44,6 +47,7 @@ from qeebm.errors import QeebmError
 from qeebm.methods.base import Batch, StepOutput
 from qeebm.methods.sampling import mono_sources, sample, sampling_config
 from qeebm.methods.sft import label_smoothed_ce
+from qeebm.qe.heldout import HeldoutProbe, read_judged, ref_above_rate
 from qeebm.translator import eval_mode
 
 if TYPE_CHECKING:
@@ -137,6 +141,17 @@ class QeEbm:
         # Relative weighting: |grad CE| / |grad E| of the last measurement, and its step.
         self.grad_ratio: float | None = None
         self.ratio_step = 0
+        # QE-dynamic's held-out correlation: measured only on logged steps (the loop writes no other),
+        # and the number of QE updates the last measured QE had.
+        self.log_every = cfg.logging.every
+        heldout = heldout_path(self.q)
+        self.heldout = HeldoutProbe(heldout, self.q.heldout_max_rows) if self.dynamic and heldout else None
+        self.heldout_measured_at: int | None = None
+        if heldout and not self.dynamic:
+            log.warning("qe.heldout_path is only measured with qe.mode=dynamic (a static QE does not change)")
+        elif self.dynamic and self.q.heldout_path == "auto" and not heldout:
+            log.info("qe.heldout_path=auto: no heldout.tsv beside %s, so no held-out correlation is measured",
+                     self.q.path)
         c = self.c
         if c.weighting == "absolute" and c.alpha is None and c.alpha_coupling * c.beta_max > 1:
             floor = math.ceil(c.beta_ramp_steps / (c.alpha_coupling * c.beta_max)) if c.beta_ramp_steps else 1
@@ -152,7 +167,8 @@ class QeEbm:
         c, q = cfg.qe_ebm, cfg.qe
         for key, value, low in (("qe_ebm.num_samples", c.num_samples, 1), ("qe_ebm.max_new_tokens", c.max_new_tokens, 1),
                                 ("qe_ebm.beta_ramp_steps", c.beta_ramp_steps, 0), ("qe.interval", q.interval, 1),
-                                ("qe.warmup_steps", q.warmup_steps, 0)):
+                                ("qe.warmup_steps", q.warmup_steps, 0), ("qe.heldout_every", q.heldout_every, 1),
+                                ("qe.heldout_max_rows", q.heldout_max_rows, 0)):
             if value < low:
                 raise QeebmError(f"config key '{key}' must be >= {low}; got {value}")
         if c.tau <= 0:
@@ -170,6 +186,8 @@ class QeEbm:
             raise QeebmError(f"config key 'qe.train_parts' has unknown parts {unknown}; choose from {', '.join(QE_PARTS)}")
         if q.mode == "dynamic" and not q.train_parts:
             raise QeebmError("qe.mode=dynamic needs at least one of qe.train_parts (head, layerwise, lora)")
+        if q.mode == "dynamic" and heldout_path(q):
+            read_judged(heldout_path(q), q.heldout_max_rows)  # a bad file fails now, not at the first measurement
 
     # ------------------------------------------------------------------------------ NMT phase
     @torch.no_grad()
@@ -248,13 +266,46 @@ class QeEbm:
     def qe_update_due(self, step: int) -> bool:
         return self.dynamic and step > self.q.warmup_steps and step % self.q.interval == 0
 
+    def qe_updates_through(self, step: int) -> int:
+        """QE updates made in steps 1..``step``: the multiples of ``interval`` after the warm-up."""
+        q = self.q
+        return max(0, step // q.interval - q.warmup_steps // q.interval) if self.dynamic else 0
+
+    def heldout_due(self, step: int) -> bool:
+        if self.heldout is None or step % self.log_every:
+            return False
+        last = self.heldout_measured_at
+        return last is None or self.qe_updates_through(step) - last >= self.q.heldout_every
+
     def before_step(self, batches: list[Batch], all_reduce) -> dict[str, float]:
-        """QE-dynamic: one QE update on the step's labelled micro-batches, translator frozen.
+        """QE-dynamic: one QE update on the step's labelled micro-batches, translator frozen; then,
+        when due, the updated QE's correlation with the held-out rows' true quality.
 
         Gradients of every micro-batch are summed here, then over processes by ``all_reduce``, so the
         update is the full-batch one and the same on every process."""
-        if not batches or not self.qe_update_due(batches[0].step):
+        if not batches:
             return {}
+        step = batches[0].step
+        metrics = self.qe_update(batches, all_reduce) if self.qe_update_due(step) else {}
+        if self.heldout_due(step):
+            metrics |= self.measure_heldout(step)
+        return metrics
+
+    def measure_heldout(self, step: int) -> dict[str, float]:
+        """Pearson / Spearman of the current QE with the held-out true quality. Every process holds
+        the same QE and measures the same; the loop sums metrics over processes, so each returns its
+        share."""
+        dist = torch.distributed
+        world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+        updates = self.qe_updates_through(step)
+        corr = self.heldout.measure(self.qe)
+        self.heldout_measured_at = updates
+        log.info("QE-dynamic after %d update(s): held-out Pearson %.3f, Spearman %.3f (%d rows of %s)", updates,
+                 corr["pearson"], corr["spearman"], len(self.heldout), self.heldout.path)
+        return {"qe-ebm/heldout_pearson": corr["pearson"] / world, "qe-ebm/heldout_spearman": corr["spearman"] / world,
+                "qe-ebm/heldout_updates": updates / world}
+
+    def qe_update(self, batches: list[Batch], all_reduce) -> dict[str, float]:
         names = list(self.qe_params)
         params = [self.qe_params[n] for n in names]
         grads = [torch.zeros_like(p) for p in params]
@@ -310,8 +361,12 @@ class QeEbm:
         else:
             ref, smp = s_ref, s_smp
             loss = F.relu(self.q.margin - (ref.repeat_interleave(k) - smp)).sum() / (batch.global_examples * k)
-        above = (ref.detach().repeat_interleave(k) > smp.detach()).sum().item() / (batch.global_examples * k)
-        return loss, {"qe-ebm/qe_loss": loss.item(), "qe-ebm/ref_above_samples": above}
+        # Both a contribution to the step's mean over (reference, sample) pairs: by the loss's logit
+        # (the QE score minus the noise term under NCE) and by the QE score alone, what the
+        # translator's energy sees.
+        share = n / batch.global_examples
+        return loss, {"qe-ebm/qe_loss": loss.item(), "qe-ebm/ref_above_samples": ref_above_rate(ref, smp) * share,
+                      "qe-ebm/ref_score_above_samples": ref_above_rate(s_ref, s_smp) * share}
 
     def mean_logprob(self, input_ids, attention_mask, labels, decoder_input_ids=None) -> torch.Tensor:
         """``[B]`` label-smoothed mean token log-probability of ``labels`` under the translator (eval
@@ -353,7 +408,7 @@ class QeEbm:
         if not self.dynamic:
             return state
         return state | {"qe": {n: p.detach().cpu().clone() for n, p in self.qe_params.items()},
-                        "qe_optimizer": self.qe_optimizer.state_dict()}
+                        "qe_optimizer": self.qe_optimizer.state_dict(), "heldout_measured_at": self.heldout_measured_at}
 
     def load_state_dict(self, state: dict) -> None:
         self.grad_ratio, self.ratio_step = state.get("grad_ratio"), state.get("ratio_step", 0)
@@ -366,9 +421,21 @@ class QeEbm:
             for name, p in self.qe_params.items():
                 p.copy_(saved[name])
         self.qe_optimizer.load_state_dict(state["qe_optimizer"])
+        self.heldout_measured_at = state.get("heldout_measured_at")
 
 
 # ---------------------------------------------------------------------------------- building
+def heldout_path(q: QEConfig) -> str:
+    """The judged rows to measure the dynamic QE on: ``qe.heldout_path``, or under "auto" the
+    ``heldout.tsv`` beside the QE's directory (the tiny world's ``qe/heldout.tsv`` next to
+    ``qe/kiwi``) when there is one, so a recipe follows whichever world ``qe.path`` points at;
+    "" when none."""
+    if q.heldout_path != "auto":
+        return q.heldout_path
+    beside = Path(q.path).expanduser().parent / "heldout.tsv"
+    return str(beside) if beside.is_file() else ""
+
+
 def load_energy(path: str, translator, freeze: bool):
     """KiwiEnergy over the CometKiwi at ``path`` and a bridge from the translator's vocabulary."""
     from qeebm.qe.bridge import Bridge

@@ -12,7 +12,8 @@ Steps, each deterministic in the seed:
    translators, corrupted references, a few references) scored by sentence chrF++ against the
    reference; on them a tiny CometKiwi (``qe/kiwi``, what QE-EBM and the RL baselines optimise), a
    reference-based tiny COMET (``qe/comet``) and a held-out QE of another seed and size
-   (``qe/judge``, evaluation only) are trained, and their correlations with the true quality logged.
+   (``qe/judge``, evaluation only) are trained, and their correlations with the true quality logged;
+   the held-out rows they were measured on are kept in ``qe/heldout.tsv`` (src, mt, ref, score).
 
 ``manifest.json`` (written last, so its presence means the build finished) lists every artifact's
 sha256; the same seed gives the same manifest. Timings go to ``build_log.json``, which is not hashed.
@@ -277,6 +278,7 @@ def qe_candidates(translator, src: list[str], seed: int) -> list[list[str]]:
 
 
 def train_quality_estimators(world: Path, splits: dict, candidates: dict, seed: int, size: str) -> dict:
+    from qeebm.qe.heldout import write_judged
     from qeebm.qe.tiny import fit_tiny_quality_estimators
 
     per_source = [sum((candidates[f][i] for f in FAMILIES), []) for i in range(len(splits["qe"]))]
@@ -287,6 +289,8 @@ def train_quality_estimators(world: Path, splits: dict, candidates: dict, seed: 
     train = [t for t in triples if t[0] not in heldout_src]
     heldout = [t for t in triples if t[0] in heldout_src]
     log.info("qe data: %d training and %d held-out (src, mt, quality) rows", len(train), len(heldout))
+    # Kept, so that a QE trained later (QE-dynamic's qe.heldout_path) is judged on the same rows.
+    write_judged(world / "qe" / "heldout.tsv", heldout)
     fit = {"epochs": 1} if size == "micro" else None
     return fit_tiny_quality_estimators(world / "qe", world / "tokenizers" / "xlmr", train, heldout, seed=seed, fit=fit)
 

@@ -105,6 +105,30 @@ def tiny_generation_config(family: str, max_positions: int = 128):
     return GenerationConfig(**values)
 
 
+def sinusoidal_positions(num_rows: int, dim: int) -> torch.Tensor:
+    """M2M100's fixed position table (``num_rows`` x ``dim``), row p+2 holding position p and row 1
+    (the padding row) zero, as transformers builds it for NLLB-200."""
+    from transformers.models.m2m_100.modeling_m2m_100 import M2M100SinusoidalPositionalEmbedding
+
+    return M2M100SinusoidalPositionalEmbedding.get_embedding(num_rows, dim, PAD_ID)
+
+
+def init_mbart_positions(model) -> None:
+    """Start a random MBart's learned positions (encoder and decoder) from M2M100's sinusoidal table.
+
+    mBART-50's positions come pretrained; random ones must first be learned before word order means
+    anything, and the tiny MBart learned several times slower than the tiny M2M100 for that alone
+    (dev NLL at step 700: 3.77 random vs 2.89 from the table vs 2.92 for M2M100). Both families put
+    position p at row p+2 (MBart's learned embedding has an offset of 2; M2M100 counts positions
+    from padding_idx + 1 = 2), so the whole table is copied row for row. The rows stay trainable.
+    """
+    for stack in (model.get_encoder(), model.get_decoder()):
+        weight = stack.embed_positions.weight
+        table = sinusoidal_positions(weight.shape[0], weight.shape[1])
+        with torch.no_grad():
+            weight.copy_(table.to(dtype=weight.dtype, device=weight.device))
+
+
 def _tokenizer_family(tokenizer) -> str:
     name = type(tokenizer).__name__
     if name.startswith("Nllb"):
@@ -125,7 +149,8 @@ def build_tiny_translator(
     tokenizer to ``out_dir`` (loadable offline by AutoModelForSeq2SeqLM / AutoTokenizer / pipeline).
 
     ``size``: keyword arguments of ``tiny_config`` (d_model, layers, heads, ffn, max_positions, dropout).
-    The global torch RNG is left as it was.
+    The global torch RNG is left as it was. The MBart's learned positions start from M2M100's
+    sinusoidal table (``init_mbart_positions``), standing in for mBART-50's pretrained ones.
     """
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
@@ -137,6 +162,8 @@ def build_tiny_translator(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForSeq2SeqLM.from_config(config)
+    if family == "mbart":
+        init_mbart_positions(model)
     model.generation_config = tiny_generation_config(family, config.max_position_embeddings)
     tokenizer.model_max_length = config.max_position_embeddings
     out_dir = Path(out_dir)
