@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import json
 import logging
 import os
@@ -121,6 +122,22 @@ def eval_mode(module: torch.nn.Module, enabled: bool = True):
         yield module
     finally:
         module.train(was_training)
+
+
+class _SuppressAfterCode:
+    """A logits processor that removes ``ids`` from every step after the forced target code.
+    transformers' own ``suppress_tokens`` acts at every step, and after the forced-BOS processor, so
+    it would also remove the code at the step where it is the only allowed token. Passed as a custom
+    processor it runs last, after temperature: for plain and temperature sampling the result is
+    ``rl.policy_logits``'s distribution exactly."""
+
+    def __init__(self, ids: list[int]):
+        self.ids = torch.tensor(ids, dtype=torch.long)
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if input_ids.shape[1] < 2 or not self.ids.numel():  # the next token is the forced code
+            return scores
+        return scores.index_fill(-1, self.ids.to(scores.device), float("-inf"))
 
 
 @dataclass
@@ -267,8 +284,25 @@ class Translator:
     # ------------------------------------------------------------------------------------------
     # Generation
 
+    @functools.cached_property
+    def suppressed_ids(self) -> list[int]:
+        """Token ids sampling never emits after the forced target code: every special token
+        (``<pad>``, ``<unk>``, ``<mask>``, the language codes) but ``</s>``. A ``<pad>`` drawn
+        mid-sequence would end the text for the decoder but not for the replayed log-probs."""
+        vocab_size = self.model.config.vocab_size
+        eos = self.tokenizer.eos_token_id
+        return sorted(i for i in set(self.tokenizer.all_special_ids) if i != eos and 0 <= i < vocab_size)
+
+    @property
+    def forced_eos_id(self) -> int | None:
+        """The ``</s>`` the checkpoint's generation config forces at the length cap (mBART-50, M2M100),
+        or None: a token forced there is no choice of the policy."""
+        generation_config = getattr(self.model, "generation_config", None)
+        return getattr(generation_config, "forced_eos_token_id", None)
+
     def generation_kwargs(self, gen: GenerationConfig, num_return_sequences: int = 1) -> dict:
-        """Keyword arguments for ``model.generate``; the target language code is always forced."""
+        """Keyword arguments for ``model.generate``; the target language code is always forced, and
+        sampling never draws a special token other than ``</s>`` (``suppressed_ids``)."""
         kwargs = dict(
             max_new_tokens=gen.max_new_tokens,
             num_beams=gen.num_beams,
@@ -277,9 +311,12 @@ class Translator:
             forced_bos_token_id=self.tgt_lang_id,
         )
         if gen.do_sample:
+            from transformers import LogitsProcessorList
+
             # Passed even at their neutral values: a checkpoint's own defaults (top_k=50 in transformers)
             # would otherwise apply, and top_k=0 here means plain ancestral sampling.
-            kwargs.update(temperature=gen.temperature, top_k=gen.top_k, top_p=gen.top_p, epsilon_cutoff=gen.epsilon)
+            kwargs.update(temperature=gen.temperature, top_k=gen.top_k, top_p=gen.top_p, epsilon_cutoff=gen.epsilon,
+                          logits_processor=LogitsProcessorList([_SuppressAfterCode(self.suppressed_ids)]))
         return kwargs
 
     @torch.no_grad()

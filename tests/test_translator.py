@@ -143,12 +143,16 @@ def test_generate_matches_pipeline(family):
     assert ours_text == [o["translation_text"] for o in theirs_text]
     # A random tiny model's greedy output is mostly one repeated token; sampling from its near-uniform
     # distributions makes the id-for-id comparison meaningful.
+    # Sampling also suppresses special tokens other than </s> (Translator.suppressed_ids): the pipeline
+    # gets the same processor.
     sample = GenerationConfig(do_sample=True, num_beams=1, max_new_tokens=12, top_k=0, top_p=1.0, batch_size=1)
+    suppress = tr.generation_kwargs(sample)["logits_processor"]
     for text in SRC:
         torch.manual_seed(7)
         ours = tr.generate([text], sample)
         torch.manual_seed(7)
-        out = pipe(text, do_sample=True, num_beams=1, max_new_tokens=12, top_k=0, top_p=1.0, temperature=1.0)
+        out = pipe(text, do_sample=True, num_beams=1, max_new_tokens=12, top_k=0, top_p=1.0, temperature=1.0,
+                   logits_processor=suppress)
         assert ours == [out[0]["translation_text"]]
         assert len(set(ours[0].split())) > 1
 

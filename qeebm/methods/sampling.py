@@ -27,7 +27,11 @@ class Samples:
     ``input_ids``, ``attention_mask``: [B, S] the sources, each repeated K times.
     ``sequences``: [B, T+1] what ``generate_ids`` returned (``</s>``, language code, tokens..., pad).
     ``mask`` [B, T]: the policy's actions among the emitted tokens: up to and including the first
-    ``</s>``, without the forced language code.
+    ``</s>``, without the forced language code, and without a ``</s>`` the model's generation config
+    forced at the length cap (mBART-50, M2M100: ``Translator.forced_eos_id``).
+    ``temperature``, ``suppress``: what the sampler did to the logits (the divisor, and the token ids
+    it never draws); ``rl.policy_logits(logits, temperature, suppress)`` gives the distribution the
+    samples were drawn from, for log-probs that are the sampler's.
     """
 
     src: list[str]
@@ -36,6 +40,8 @@ class Samples:
     attention_mask: torch.Tensor
     sequences: torch.Tensor
     mask: torch.Tensor
+    temperature: float = 1.0
+    suppress: torch.Tensor | None = None
 
     @property
     def tokens(self) -> torch.Tensor:
@@ -61,13 +67,20 @@ def sample(translator, src: list[str], k: int, gen: GenerationConfig, enc: dict 
     # eos_token_id passed explicitly: a rollout must end at </s> (the reference PPO code had -1 here).
     sequences = translator.generate_ids(enc["input_ids"], enc["attention_mask"], gen, num_return_sequences=k,
                                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)  # [B, T+1]
+    tokens = sequences[:, 1:]
+    mask = eos_mask(tokens, tok.eos_token_id, tok.pad_token_id, n_forced=1)
+    if translator.forced_eos_id is not None and tokens.shape[1] == gen.max_new_tokens:
+        # The last of max_new_tokens positions holds the forced </s> of every row that got there.
+        mask[:, -1] &= tokens[:, -1] != translator.forced_eos_id
     return Samples(
         src=[s for s in src for _ in range(k)],
         hyps=translator.decode(sequences) if decode else None,
         input_ids=enc["input_ids"].repeat_interleave(k, dim=0),
         attention_mask=enc["attention_mask"].repeat_interleave(k, dim=0),
         sequences=sequences,
-        mask=eos_mask(sequences[:, 1:], tok.eos_token_id, tok.pad_token_id, n_forced=1),
+        mask=mask,
+        temperature=gen.temperature,
+        suppress=torch.tensor(translator.suppressed_ids, dtype=torch.long, device=sequences.device),
     )
 
 
