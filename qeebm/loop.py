@@ -20,7 +20,6 @@ import torch
 from accelerate.tracking import LOGGER_TYPE_TO_CLASS, get_available_trackers
 from accelerate.utils import set_seed
 from tqdm.auto import tqdm
-from transformers import get_scheduler
 
 from qeebm import checkpoint as ckpt
 from qeebm.backends import (
@@ -49,7 +48,6 @@ from qeebm.translator import Translator, eval_mode
 
 log = logging.getLogger("qeebm.loop")
 
-SCHEDULERS = {"linear": "linear", "cosine": "cosine", "constant": "constant_with_warmup"}
 QE_VAL_METRICS = ("kiwi", "judge")  # mean QE score of the decoded dev set
 VAL_METRICS = ("bleu", "chrf", "loss") + QE_VAL_METRICS
 
@@ -104,7 +102,7 @@ def train(cfg: Config) -> TrainResult:
         o = cfg.optim
         optimizer = torch.optim.AdamW(params, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
         # Not prepared by accelerate: its wrapper steps the schedule once per process.
-        scheduler = get_scheduler(SCHEDULERS[o.scheduler], optimizer, num_warmup_steps=o.warmup_steps, num_training_steps=o.max_steps)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(o.scheduler, o.warmup_steps, o.max_steps))
         if resume_from is not None:
             # Weights before prepare: DeepSpeed copies them into its own optimiser partitions there.
             ckpt.load_model(resume_from, model)
@@ -296,6 +294,23 @@ def train_step(step, cfg, accelerator, translator, model, method, optimizer, sch
     # grad_norm is already the same on every process: not summed; so are the updates' outcomes.
     return {"lr": lr, "grad_norm": grad_norm / n_updates, "nonfinite": float(outcomes.count(NONFINITE)),
             "overflow": float(outcomes.count(OVERFLOW)), **dict(zip(keys, totals.tolist()))}
+
+
+def lr_factor(kind: str, warmup: int, total: int):
+    """The schedule's factor of ``optim.lr`` for the update at index s (0 = the first): a linear
+    warm-up over ``warmup`` updates that starts at lr / warmup, not at 0 (an update at lr 0 would
+    waste the step: for PPO a whole rollout), then constant, linear to 0 at ``total`` (never reached:
+    the last update, s = total - 1, keeps 1 / (total - warmup)) or a half cosine."""
+    def factor(s: int) -> float:
+        if s < warmup:
+            return (s + 1) / warmup
+        if kind == "constant":
+            return 1.0
+        progress = (s - warmup) / max(1, total - warmup)
+        if kind == "linear":
+            return max(0.0, 1.0 - progress)
+        return max(0.0, 0.5 * (1.0 + math.cos(math.pi * progress)))
+    return factor
 
 
 def log_nonfinite(step, outcomes, labelled, mono) -> None:

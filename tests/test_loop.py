@@ -5,6 +5,7 @@ the run directory's files."""
 from __future__ import annotations
 
 import json
+import math
 import re
 import os
 import signal
@@ -234,3 +235,14 @@ def test_ddp_parity(base, tmp_path):
     print(f"\nddp parity over 20 steps: loss curves {loss_gap:.1e} relative, weights {weight_gap:.1e} absolute")
     for key in one:
         torch.testing.assert_close(two[key], one[key], rtol=0, atol=1e-5, msg=key)
+
+
+def test_schedule_starts_moving_at_the_first_update():
+    from qeebm.loop import lr_factor
+
+    # 4 warm-up updates of 10: 1/4, 2/4, 3/4, 1, then linear towards 0 without reaching it.
+    linear = lr_factor("linear", 4, 10)
+    assert [linear(s) for s in range(10)] == pytest.approx([0.25, 0.5, 0.75, 1.0, 1.0, 5 / 6, 4 / 6, 3 / 6, 2 / 6, 1 / 6])
+    assert [lr_factor("constant", 2, 10)(s) for s in (0, 1, 2, 9)] == [0.5, 1.0, 1.0, 1.0]
+    cosine = lr_factor("cosine", 0, 4)
+    assert [cosine(s) for s in range(4)] == pytest.approx([1.0, 0.5 * (1 + math.cos(math.pi / 4)), 0.5, 0.5 * (1 + math.cos(3 * math.pi / 4))])
