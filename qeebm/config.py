@@ -264,21 +264,26 @@ class QeEbmConfig:
 class ReinforceConfig:
     """REINFORCE, the paper's policy-gradient baseline: ``num_samples`` (K) samples of each
     source-only sentence (``data.mono``, global size ``optim.batch_size``), nucleus p=0.9 as
-    published; reward = QE score (``qe.path``) minus the penalty of the ``guards`` it trips (when
-    ``guards`` is true); loss = alpha * CE(labelled batch) + beta * policy gradient; no KL term.
+    published; reward = QE score (``qe.path``) with the hits of the ``guards`` penalised (when
+    ``guards`` is true; ``guards.penalty_unit``); loss = alpha * CE(labelled batch) + beta * policy
+    gradient, both token means over the step; no KL term.
 
-    ``baseline``: "running_mean" (published: the mean of every earlier step's rewards), "rloo" (the
-    mean of the other K-1 samples of the same source) or "none". ``reward_scaling``: "max_abs"
-    (published "centred reward scaled to [-1, 1]": divided by the step's largest |reward - baseline|),
-    "whiten" or "none". Both use the whole optimiser step. The paper does not give beta."""
+    ``baseline``: "rloo" (default: the mean of the other K-1 samples of the same source, Kool et al.
+    2019, which compares translations of one source with each other), "running_mean" (published: the
+    mean of every earlier step's rewards, shared by every source) or "none". ``reward_scaling``:
+    "whiten" (default: divided by the step's standard deviation, so beta does not depend on the QE's
+    score scale), "max_abs" (published "centred reward scaled to [-1, 1]": divided by the step's
+    largest |reward - baseline|, usually one guard hit's) or "none". Both use the whole optimiser
+    step. The paper does not give beta. The log-probabilities are taken under the sampling
+    temperature; top_k/top_p truncate the sampler only (the published nucleus estimator)."""
 
     num_samples: int = 5
     max_new_tokens: int = 50
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 0.9
-    baseline: str = "running_mean"  # running_mean | rloo | none
-    reward_scaling: str = "max_abs"  # max_abs | whiten | none
+    baseline: str = "rloo"  # rloo | running_mean | none
+    reward_scaling: str = "whiten"  # whiten | max_abs | none
     alpha: float = 1.0  # CE weight; 0 skips the labelled forward pass
     beta: float = 0.1  # policy-gradient weight
     guards: bool = True
@@ -292,13 +297,20 @@ class PPOConfig:
     the published batch 20 / minibatch 4 / 2 epochs is ``optim.batch_size: 20``,
     ``ppo.minibatches: 5``, ``ppo.epochs: 2``. The learning-rate schedule advances once per rollout.
 
-    Rollouts stop at </s>, ancestral sampling (TRL: top_k 0, top_p 1). Reward: QE minus guard
-    penalties at the last token, -kl_coef * (log p - log p_ref) at every token; the reference is the
-    initial model (LoRA: the adapter disabled). ``adaptive_kl``: Ziegler et al.'s controller towards
-    ``kl_target`` over ``kl_horizon`` samples, else kl_coef stays ``init_kl_coef``. Losses: clipped
-    surrogate (``clip``) + ``value_coef`` * clipped value loss (``value_clip``) [+ ``alpha`` * CE on
-    the labelled batch, off as published]. ``disable_dropout``: every PPO forward runs without
-    dropout, so the first update's probability ratios are exactly 1."""
+    Rollouts stop at </s>, ancestral sampling (TRL: top_k 0, top_p 1; other values are refused, a
+    truncated sampler's probabilities are not the policy's), ``temperature`` applied to every
+    log-prob. Reward: the QE score with guard hits penalised (``guards.penalty_unit``) at the last
+    token, -kl_coef * (log p - log p_ref) at every token; the reference is the initial model (LoRA:
+    the adapter disabled). ``adaptive_kl``: Ziegler et al.'s controller towards ``kl_target`` over
+    ``kl_horizon`` samples, else kl_coef stays ``init_kl_coef``. Losses: clipped surrogate (``clip``)
+    + ``value_coef`` * clipped value loss (``value_clip``) [+ ``alpha`` * CE on the labelled batch,
+    off as published]. ``disable_dropout``: every PPO forward runs without dropout, so the first
+    update's probability ratios are exactly 1.
+
+    ``critic``: "detached" (default) trains the value head on the decoder's last hidden states with
+    no gradient into the translator; "shared" is TRL's head, whose loss also trains the decoder. The
+    head's output starts at 0. ``value_warmup_steps``: for the first so many optimiser steps only the
+    value loss trains (the policy term has weight 0)."""
 
     num_samples: int = 1
     max_new_tokens: int = 50
@@ -307,6 +319,8 @@ class PPOConfig:
     top_p: float = 1.0
     epochs: int = 2
     minibatches: int = 5
+    critic: str = "detached"  # detached | shared
+    value_warmup_steps: int = 0
     init_kl_coef: float = 0.2
     adaptive_kl: bool = True
     kl_target: float = 6.0
@@ -478,8 +492,9 @@ CHOICES = {
     "qe.loss": ("nce", "rank-nce", "margin"),
     "qe_ebm.relaxation": ("st", "softmax", "gumbel-st"),
     "qe_ebm.weighting": ("absolute", "relative"),
-    "reinforce.baseline": ("running_mean", "rloo", "none"),
-    "reinforce.reward_scaling": ("max_abs", "whiten", "none"),
+    "reinforce.baseline": ("rloo", "running_mean", "none"),
+    "reinforce.reward_scaling": ("whiten", "max_abs", "none"),
+    "ppo.critic": ("detached", "shared"),
     "qe_finetune.candidates": ("beam", "sample"),
     "qe_finetune.selection": ("rerank", "mbr"),
     **{f"data.{split}.format": CORPUS_FORMATS for split in SPLIT_FILES},

@@ -74,14 +74,27 @@ _UNSPACED_SCRIPTS = frozenset({"Hans", "Hant", "Jpan", "Thai", "Laoo", "Khmr", "
 
 _LANGUAGE_ID_BACKENDS = ("langid", "py3langid", "lingua")
 
+PENALTY_UNITS = ("spread", "reward")
+
 
 @dataclass
 class GuardConfig:
-    """Which guards run and what a hit costs. Penalties are in reward units (Kiwi scores lie
-    around 0-1); an output that trips several guards pays the largest penalty once.
+    """Which guards run and what a hit costs; an output that trips several guards pays the largest
+    of their penalties once.
+
+    ``penalty_unit`` says what a penalty p means (``penalised_rewards``):
+
+    * "spread" (default): a flagged output's reward is at most the lowest QE score of an unflagged
+      output in the same optimiser step, minus p standard deviations of the step's QE scores. A hit
+      then ranks last, on the scale of what the QE itself distinguishes: QE scores of one source's
+      samples differ by hundredths, so a fixed penalty of 1.0 would make the reward's variance mostly
+      guard hits, and scaling by the step's largest deviation would squeeze the QE's signal to noise.
+    * "reward": the published form, QE score minus p (Kiwi scores lie around 0-1).
 
     Only plain field types, so the block can sit in a YAML config as it is.
     """
+
+    penalty_unit: str = "spread"  # spread | reward
 
     # empty: nothing but whitespace.
     empty: bool = True
@@ -129,6 +142,8 @@ class GuardConfig:
     language_id_penalty: float = 1.0
 
     def __post_init__(self) -> None:
+        if self.penalty_unit not in PENALTY_UNITS:
+            raise QeebmError(f"guards.penalty_unit must be one of {', '.join(PENALTY_UNITS)}, got {self.penalty_unit!r}")
         if self.length_unit not in ("tokens", "chars"):
             raise QeebmError(f"guards.length_unit must be 'tokens' or 'chars', got {self.length_unit!r}")
         if self.target_script is not None and self.target_script not in SCRIPT_NAME_PREFIXES:
@@ -377,3 +392,4 @@ def hit_rates(result: GuardResult, normaliser: float | None = None) -> dict[str,
     rates = {f"guard/{name}": sum(flags) / norm for name, flags in result.hits.items()}
     rates["guard/any"] = sum(result.any_hit) / norm
     return rates
+

@@ -64,18 +64,34 @@ def eos_mask(tokens: torch.Tensor, eos_id: int, pad_id: int, n_forced: int = 0) 
     return mask
 
 
+def policy_logits(logits: torch.Tensor, temperature: float = 1.0, suppress: torch.Tensor | None = None) -> torch.Tensor:
+    """The logits of the distribution the sampler actually draws from: ``logits`` [B, T, V] in fp32,
+    divided by the sampling ``temperature``, with the ``suppress``-ed token ids (``Translator.
+    suppressed_ids``: special tokens other than </s>, which sampling never emits) at -inf. Log-probs
+    taken from these are the sampling distribution's, so PPO's ratios and KL and REINFORCE's score
+    function refer to the policy that produced the samples."""
+    # fp32 for the normaliser: a bf16 logsumexp over 256k entries loses the small differences that
+    # PPO ratios are made of.
+    logits = logits.float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    if suppress is not None and suppress.numel():
+        # out of place: the caller's logits may be needed for backward
+        logits = logits.index_fill(-1, suppress.to(logits.device), float("-inf"))
+    return logits
+
+
 def sequence_logprobs(
     logits: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-probabilities of ``tokens`` [B, T] under ``logits`` [B, T, V].
+    """Log-probabilities of ``tokens`` [B, T] under ``logits`` [B, T, V] (pass them through
+    ``policy_logits`` first when sampling used a temperature or suppressed tokens).
 
     Returns ``token_logp`` [B, T] (exactly 0 where ``mask`` is 0) and ``seq_logp`` [B], their sum.
     Masked positions contribute neither value nor gradient, so whatever the model predicts after EOS
     or on padding (and whatever id sits there, -100 included) cannot leak into the loss.
     """
     mask = mask.bool()
-    # fp32 for the normaliser: a bf16 logsumexp over 256k entries loses the small differences that
-    # PPO ratios are made of.
     logits = logits.float()
     safe_tokens = tokens.masked_fill(~mask, 0)  # [B, T]; -100 labels would break gather
     picked = logits.gather(-1, safe_tokens.unsqueeze(-1)).squeeze(-1)  # [B, T]
@@ -85,6 +101,36 @@ def sequence_logprobs(
     # where, not multiply: a -inf or NaN at a masked position times 0 would still be NaN.
     token_logp = torch.where(mask, token_logp, torch.zeros_like(token_logp))
     return token_logp, token_logp.sum(dim=1)
+
+
+@torch.no_grad()
+def token_entropy(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Entropy [B, T] of softmax(``logits``) at every position (0 where ``mask`` is 0), detached: the
+    policy's spread, which PPO users watch collapse. -inf logits (suppressed tokens) count as 0."""
+    logits = logits.float()
+    logp = torch.log_softmax(logits, dim=-1)
+    plogp = torch.where(torch.isfinite(logp), logp.exp() * logp, torch.zeros_like(logp))
+    ent = -plogp.sum(-1)
+    return torch.where(mask.bool(), ent, torch.zeros_like(ent))
+
+
+def value_moments(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """[sum r, sum r^2, sum (r - v), sum (r - v)^2, count] over the valid tokens, float64 [5]: summed
+    over processes, ``explained_variance`` turns them into 1 - Var(returns - values) / Var(returns),
+    how much of the return the critic predicts (1: all, 0: no better than a constant, < 0: worse)."""
+    m = mask.to(torch.float64)
+    r, v = returns.detach().double(), values.detach().double()
+    d = r - v
+    return torch.stack([(r * m).sum(), (r * r * m).sum(), (d * m).sum(), (d * d * m).sum(), m.sum()])
+
+
+def explained_variance(moments: torch.Tensor) -> float:
+    sr, srr, sd, sdd, n = moments.tolist()
+    if n < 2:
+        return 0.0
+    var_r = srr / n - (sr / n) ** 2
+    var_d = sdd / n - (sd / n) ** 2
+    return 1.0 - var_d / var_r if var_r > 1e-12 else 0.0
 
 
 # ----------------------------------------------------------------------------------------------
@@ -144,6 +190,24 @@ def rloo_baseline(rewards: torch.Tensor) -> torch.Tensor:
     if k < 2:
         raise ValueError("RLOO needs at least 2 samples per source (K >= 2)")
     return (rewards.sum(dim=1, keepdim=True) - rewards) / (k - 1)
+
+
+def penalised_rewards(scores: torch.Tensor, penalty: torch.Tensor, unit: str, step_scores: torch.Tensor,
+                      step_penalty: torch.Tensor) -> torch.Tensor:
+    """Rewards [B] of outputs with QE ``scores`` [B] and guard ``penalty`` [B] (0 = no hit), for
+    ``GuardConfig.penalty_unit`` (qeebm/guards.py). ``step_scores`` / ``step_penalty`` are those of the whole
+    optimiser step (every process and micro-step), so the rewards do not depend on how it was split.
+
+    "reward": scores - penalty. "spread": an unflagged output keeps its score; a flagged one gets
+    min(score, floor - penalty * std), floor being the lowest score of the step's unflagged outputs
+    (of all its outputs when every one is flagged) and std the standard deviation of all its scores.
+    """
+    if unit == "reward":
+        return scores - penalty
+    hit = step_penalty > 0
+    floor = (step_scores[~hit] if (~hit).any() else step_scores).min()
+    std = step_scores.std() if step_scores.numel() > 1 else torch.zeros((), dtype=step_scores.dtype)
+    return torch.where(penalty > 0, torch.minimum(scores, floor - penalty * std), scores)
 
 
 def normalise_rewards(

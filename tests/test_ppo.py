@@ -131,12 +131,18 @@ def test_rollouts_stop_at_eos_and_padding_carries_nothing(base, tmp_path, toy_re
     assert (tokens[:, 0] == method.translator.tgt_lang_id).all()
     ended = (tokens == eos).any(dim=1)
     assert ended.sum() >= 2 and (s.mask.sum(dim=1) < tokens.shape[1] - 1).any()
+    capped = 0
     for row, mask in zip(tokens, s.mask):
         hits = (row == eos).nonzero().flatten()
         if len(hits):
             first = hits[0].item()
             assert (row[first + 1:] == pad).all(), "generation went on after </s>"
-            assert mask[1:first + 1].all() and not mask[first + 1:].any() and not mask[0]
+            assert not mask[first + 1:].any() and not mask[0]
+            # mBART forces </s> at the 12-token cap: that one is no action of the policy.
+            forced = first == 11
+            capped += forced
+            assert mask[1:first].all() and bool(mask[first]) != forced
+    assert capped >= 1  # the case is exercised
     off = ~s.mask
     for name in ("logp", "ref_logp", "values", "token_rewards", "advantages", "returns"):
         assert (getattr(r, name)[off] == 0).all(), name
@@ -217,3 +223,91 @@ def test_resume_gives_identical_weights_value_head_and_kl_coef(base, tmp_path, t
     ra = [r["ppo/reward"] for r in read_metrics(straight.output.run_dir)]
     rb = [r["ppo/reward"] for r in read_metrics(split.output.run_dir)]
     assert ra == rb
+
+
+# ----------------------------------------------------------------------------------------------
+# The fixes of docs/rl_baselines.md: the critic, the sampling distribution, special tokens
+
+
+@pytest.mark.parametrize("critic", ["detached", "shared"])
+def test_a_detached_critic_has_no_gradient_path_into_the_translator(base, tmp_path, toy_reward, critic):
+    cfg = make_config(base, tmp_path / "run", "method=ppo", "ppo.max_new_tokens=8", "ppo.minibatches=1",
+                      f"ppo.critic={critic}")
+    method = build(cfg)
+    (r,) = method.finish_rollouts([method.rollout(mono_batch(4))], gather=lambda t: t)
+    # Its output layer starts at 0: every first value estimate is exactly 0.
+    assert (r.values == 0).all()
+    with torch.no_grad():  # a trained head, as after a few updates: now the trunk could be reached
+        method.value_head.out.weight.fill_(0.1)
+    out = method.loss(method.minibatch(r, 0, 0))
+    out.terms["value"].backward()
+    reached = [n for n, p in method.translator.model.named_parameters() if p.grad is not None and p.grad.abs().sum() > 0]
+    head = [p.grad for p in method.value_head.parameters()]
+    assert all(g is not None for g in head) and method.value_head.out.weight.grad.abs().sum() > 0
+    if critic == "detached":
+        assert not reached
+    else:
+        assert reached  # TRL's shared trunk: the value loss trains the decoder
+
+
+def test_old_logprobs_are_the_sampling_distributions(base, tmp_path, toy_reward):
+    # Temperature 0.7 and the suppressed special tokens: generate()'s own processed scores at each
+    # step give the log-probability each drawn token was sampled with; PPO records the same.
+    cfg = make_config(base, tmp_path / "run", "method=ppo", "ppo.max_new_tokens=8", "ppo.temperature=0.7")
+    method = build(cfg)
+    tr = method.translator
+    sources = mono_batch(4).mono
+    enc = tr.encode(sources)
+    torch.manual_seed(3)
+    out = tr.model.generate(**enc, **tr.generation_kwargs(method.gen), eos_token_id=2, pad_token_id=1,
+                            output_scores=True, return_dict_in_generate=True)
+    tokens = out.sequences[:, 1:]
+    mask = rl.eos_mask(tokens, 2, 1, n_forced=1)
+    sampled = torch.stack([torch.log_softmax(step.float(), -1) for step in out.scores], dim=1)  # [B, T, V]
+    expected = torch.where(mask, sampled.gather(-1, tokens.unsqueeze(-1)).squeeze(-1), torch.zeros(()))
+    samples = reinforce_samples(tr, sources, out.sequences, method.gen)
+    with method.policy_mode(tr.model), torch.no_grad():
+        logp, _, _ = method.forward(tr.model, samples)
+    assert torch.allclose(logp, expected, atol=1e-5)
+
+
+def reinforce_samples(tr, sources, sequences, gen):
+    from qeebm.methods.sampling import Samples
+
+    enc = tr.encode(sources)
+    tokens = sequences[:, 1:]
+    return Samples(src=sources, hyps=None, input_ids=enc["input_ids"], attention_mask=enc["attention_mask"],
+                   sequences=sequences, mask=rl.eos_mask(tokens, 2, 1, n_forced=1), temperature=gen.temperature,
+                   suppress=torch.tensor(tr.suppressed_ids))
+
+
+@pytest.mark.parametrize("family", ["nllb", "mbart"])
+def test_no_special_token_but_eos_is_ever_sampled(base, tmp_path, family):
+    from qeebm.methods.sampling import sample, sampling_config
+
+    cfg = make_config(base, tmp_path / "run", "method=ppo", f"model.name_or_path={tiny_translator_dir(family)}")
+    tr = Translator.load(cfg.model)
+    specials = sorted(set(tr.tokenizer.all_special_ids) - {2})
+    # Make every special token but </s> the model's favourite: unsuppressed, they would fill the rows.
+    bias = tr.model.final_logits_bias if family == "mbart" else None
+    with torch.no_grad():
+        if bias is not None:
+            bias[0, specials] = 6.0
+        else:
+            tr.model.lm_head.weight[specials] *= 0
+            tr.model.lm_head.weight[specials] += tr.model.lm_head.weight[5] * 3
+    torch.manual_seed(0)
+    s = sample(tr, tiny_texts(64, seed=5)[0::2][:16], 8, sampling_config(cfg.ppo))  # 128 rows
+    actions = s.tokens[s.mask]
+    assert actions.numel() > 200
+    assert not torch.isin(actions, torch.tensor(specials)).any()
+    # Outside the actions: the forced language code first, padding after </s>, nothing else special.
+    assert (s.tokens[:, 0] == tr.tgt_lang_id).all()
+
+
+def test_ppo_refuses_a_truncated_sampler(base, tmp_path):
+    from qeebm.errors import QeebmError
+
+    for override in ("ppo.top_p=0.9", "ppo.top_k=50"):
+        with pytest.raises(QeebmError, match="ppo.top_k must be 0 and ppo.top_p 1.0"):
+            PPO.check_config(make_config(base, tmp_path / "run", "method=ppo", override))

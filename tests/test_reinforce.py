@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from qeebm.checkpoint import latest_checkpoint
 from qeebm.loop import train
 from qeebm.methods import reinforce
 from qeebm.methods.reinforce import Reinforce, ReinforceRollout
+from qeebm import rl
 from qeebm.rl import RunningMeanBaseline
 from qeebm.translator import Translator
 
@@ -47,7 +49,7 @@ def test_two_steps_move_every_trainable_parameter(base, tmp_path, family):
     from qe_helpers import kiwi_dir
 
     cfg = make_config(base, tmp_path / "run", "method=reinforce", f"model.name_or_path={tiny_translator_dir(family)}",
-                      f"qe.path={kiwi_dir()}", "output.save_every=1", *FAST)
+                      f"qe.path={kiwi_dir()}", "output.save_every=1", "reinforce.baseline=running_mean", *FAST)
     result = train(cfg)
     start = AutoModelForSeq2SeqLM.from_pretrained(cfg.model.name_or_path)
     ends = dict(AutoModelForSeq2SeqLM.from_pretrained(result.run_dir / "final").named_parameters())
@@ -56,7 +58,8 @@ def test_two_steps_move_every_trainable_parameter(base, tmp_path, family):
 
     records = read_metrics(cfg.output.run_dir)
     for key in ("reinforce/reward", "reinforce/score", "reinforce/advantage", "reinforce/sample_len",
-                "reinforce/pg_loss", "reinforce/ce", "guard/any", "guard/script"):
+                "reinforce/pg_loss", "reinforce/ce", "reinforce/guard_penalty", "reinforce/score_std",
+                "reinforce/advantage_std", "diag/ratio_pg", "guard/any", "guard/script"):
         assert all(key in r for r in records), key
     # Samples end at </s> within 8 tokens: the language code is no action, </s> is one.
     assert all(0 < r["reinforce/sample_len"] <= 7 for r in records)
@@ -101,14 +104,17 @@ def test_toy_reward_moves_probability_toward_rewarded_samples(base, tmp_path, to
 # Advantages over the whole step, without a model
 
 
-def rollout(rewards: list[list[float]], global_samples: int) -> ReinforceRollout:
-    r = torch.tensor(rewards)
-    return ReinforceRollout(batch=None, samples=None, rewards=r, scores=r, guards=None, global_samples=global_samples)
+def rollout(scores: list[list[float]], global_samples: int, penalty: list[list[float]] | None = None) -> ReinforceRollout:
+    r = torch.tensor(scores)
+    p = torch.zeros_like(r) if penalty is None else torch.tensor(penalty)
+    samples = SimpleNamespace(mask=torch.ones(r.numel(), 3, dtype=torch.bool))  # 3 actions per sample
+    return ReinforceRollout(batch=None, samples=samples, scores=r, penalty=p, guards=None, global_samples=global_samples)
 
 
-def bare_method(baseline: str, scaling: str) -> Reinforce:
+def bare_method(baseline: str, scaling: str, penalty_unit: str = "spread") -> Reinforce:
     method = Reinforce.__new__(Reinforce)
-    method.c = type("C", (), {"baseline": baseline, "reward_scaling": scaling})()
+    method.c = SimpleNamespace(baseline=baseline, reward_scaling=scaling)
+    method.cfg = SimpleNamespace(guards=SimpleNamespace(penalty_unit=penalty_unit))
     method.running = RunningMeanBaseline()
     return method
 
@@ -137,3 +143,39 @@ def test_leave_one_out_baseline_without_scaling():
     (r,) = method.finish_rollouts([rollout([[1.0, 2.0, 6.0]], 3)], gather=lambda t: t)
     # b = [4, 3.5, 1.5] (the other two samples' mean)
     assert torch.allclose(r.advantages, torch.tensor([[-3.0, -1.5, 4.5]]))
+
+
+def test_default_rloo_whitened_advantages_hand_computed():
+    # Two sources, three samples each. RLOO: b = mean of the other two; centred per source
+    # [-3, -1.5, 4.5] and [0, 0, 0] -> step std (unbiased, over 6 values; the mean is 0) = sqrt(31.5/5).
+    method = bare_method("rloo", "whiten")
+    (r,) = method.finish_rollouts([rollout([[1.0, 2.0, 6.0], [5.0, 5.0, 5.0]], 6)], gather=lambda t: t)
+    std = (31.5 / 5) ** 0.5
+    assert torch.allclose(r.advantages, torch.tensor([[-3.0, -1.5, 4.5], [0.0, 0.0, 0.0]]) / std, atol=1e-6)
+    # The policy gradient is a token mean over the step: 6 samples x 3 actions.
+    assert r.global_tokens == 18
+
+
+def test_guard_hits_rank_last_on_the_scale_of_the_step_spread():
+    # Scores [0.40, 0.42, 0.50, 0.90]; the last one trips a guard (penalty 1). Spread unit: at most the
+    # lowest unflagged score (0.40) minus 1 std of all four scores; the rest keep their scores.
+    scores = torch.tensor([0.40, 0.42, 0.50, 0.90])
+    penalty = torch.tensor([0.0, 0.0, 0.0, 1.0])
+    std = scores.std()
+    got = rl.penalised_rewards(scores, penalty, "spread", scores, penalty)
+    assert torch.allclose(got, torch.tensor([0.40, 0.42, 0.50, 0.40 - std.item()]))
+    # The published unit subtracts the penalty itself.
+    assert torch.allclose(rl.penalised_rewards(scores, penalty, "reward", scores, penalty),
+                          torch.tensor([0.40, 0.42, 0.50, -0.10]))
+    # A flagged output the QE already scores below the floor keeps its (lower) score; when every
+    # output is flagged the floor is the lowest of them all.
+    low = rl.penalised_rewards(torch.tensor([-5.0]), torch.tensor([1.0]), "spread", scores, penalty)
+    assert low.item() == -5.0
+    everything = torch.ones(4)
+    assert torch.allclose(rl.penalised_rewards(scores, 0.5 * everything, "spread", scores, everything),
+                          torch.full((4,), 0.40 - 0.5 * std.item()))
+    # In the step: the hit's advantage is the most negative one, by far less than a fixed 1.0 would give.
+    method = bare_method("rloo", "none")
+    (r,) = method.finish_rollouts([rollout([[0.40, 0.42, 0.50, 0.90]], 4, penalty=[[0.0, 0.0, 0.0, 1.0]])],
+                                  gather=lambda t: t)
+    assert r.advantages.argmin().item() == 3 and r.advantages.min().item() > -0.5

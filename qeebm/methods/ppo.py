@@ -5,17 +5,25 @@ adaptive KL to the initial model, GAE, clipped policy and value losses, 2 PPO ep
 minibatches of each rollout. One optimiser step of the loop is one rollout here:
 
 1. sample K translations of each source-only sentence, stopping at </s> (the reference code never
-   stopped: it passed eos_token_id=-1);
-2. score them: QE minus the guards' penalty, one number per sample;
+   stopped: it passed eos_token_id=-1), never drawing another special token;
+2. score them with the QE and run the guards;
 3. record the policy's log-probs and values and the reference policy's log-probs of the sampled
-   tokens. The reference is the initial model: with LoRA the same network with its adapter
-   disabled (no second copy), otherwise a frozen copy made before any update;
-4. per-token rewards: -kl_coef * (logp - ref_logp) at every token, the score added at the last;
+   tokens, all under the sampling distribution (temperature applied, suppressed tokens removed).
+   The reference is the initial model: with LoRA the same network with its adapter disabled (no
+   second copy), otherwise a frozen copy made before any update;
+4. rewards: the QE score, guard hits penalised on the scale of the step's QE spread
+   (``guards.penalty_unit``); per token -kl_coef * (logp - ref_logp), the reward added at the last;
 5. adapt kl_coef to the step's mean KL (Ziegler et al. 2019), for the next step;
 6. GAE(gamma, lambda); advantages whitened over the step's tokens;
 7. plan the minibatches: per PPO epoch, a random partition of every micro-batch into M parts;
 8. (called by the loop for each epoch and minibatch, one optimiser update each) clipped policy
    loss + value_coef * clipped value loss [+ alpha * CE on the labelled batch].
+
+The critic (``ValueHead``) reads the decoder's last hidden states *detached* by default
+(``ppo.critic: detached``): TRL's value head shares the trunk, so its loss trains the whole decoder,
+and Adam makes ``value_coef`` nearly irrelevant: on the micro world the value loss alone moved the
+translator about as far as full PPO. Its output layer starts at zero, so the first advantages are
+reward-to-go rather than a random critic's noise; ``ppo.value_warmup_steps`` trains it alone first.
 
 Steps 5-7 see the whole step (all processes and micro-steps) through ``gather``, so the updates do
 not depend on how the step was split. Losses are token means over the minibatch (TRL's masked_mean)
@@ -42,13 +50,18 @@ from qeebm.methods.sft import SFT
 from qeebm.rl import (
     AdaptiveKLController,
     FixedKLController,
+    explained_variance,
     gae,
     masked_moments,
+    penalised_rewards,
     per_token_rewards,
+    policy_logits,
     ppo_policy_loss,
     ppo_value_loss,
     sequence_kl,
     sequence_logprobs,
+    token_entropy,
+    value_moments,
     whiten,
 )
 from qeebm.translator import eval_mode
@@ -61,11 +74,13 @@ class PPORollout:
 
     From ``rollout``: ``logp``, ``ref_logp``, ``values`` [B, T]: the policy's and the reference's
     log-probs of the sampled tokens and the value head's estimates, all 0 off ``samples.mask``;
-    ``scores`` [B]: the reward model's score (QE minus guard penalties); ``qe`` [B]: QE alone.
-    From ``finish_rollouts``: ``kl`` [B] (sum over tokens of logp - ref_logp), ``kl_coef``,
-    ``token_rewards``, ``advantages``, ``returns`` [B, T] (0 off the mask); ``plan[e][m]``: the
-    (sample rows, labelled rows) of minibatch m in PPO epoch e; ``norms`` [E, M, 3]: every
-    minibatch's global (tokens, samples, label tokens).
+    ``qe`` [B]: the QE's score; ``penalty`` [B]: the guards' penalty (0: no hit).
+    From ``finish_rollouts``: ``scores`` [B], the reward model's score (QE with guard hits
+    penalised); ``kl`` [B] (sum over tokens of logp - ref_logp), ``kl_coef``, ``token_rewards``,
+    ``advantages``, ``returns`` [B, T] (0 off the mask); ``plan[e][m]``: the (sample rows, labelled
+    rows) of minibatch m in PPO epoch e; ``norms`` [E, M, 3]: every minibatch's global (tokens,
+    samples, label tokens); ``step_stats``: statistics of the whole step (explained variance of the
+    critic, the spread of QE scores and rewards), logged as they are.
     """
 
     batch: Batch
@@ -73,9 +88,10 @@ class PPORollout:
     logp: torch.Tensor
     ref_logp: torch.Tensor
     values: torch.Tensor
-    scores: torch.Tensor
     qe: torch.Tensor
+    penalty: torch.Tensor
     guards: GuardResult | None
+    scores: torch.Tensor | None = None
     kl: torch.Tensor | None = None
     kl_coef: float = 0.0
     token_rewards: torch.Tensor | None = None
@@ -83,6 +99,7 @@ class PPORollout:
     returns: torch.Tensor | None = None
     plan: list | None = None
     norms: torch.Tensor | None = None
+    step_stats: dict[str, float] | None = None
 
 
 @dataclass
@@ -109,6 +126,15 @@ class PPO:
         for key in ("num_samples", "epochs", "minibatches"):
             if getattr(c, key) < 1:
                 raise QeebmError(f"ppo.{key} must be at least 1; got {getattr(c, key)}")
+        if c.top_k != 0 or c.top_p != 1.0:
+            # Ratios and the KL penalty need the probability the sampler drew each token with; a
+            # truncated distribution's is not the policy's (TRL refuses these settings too).
+            raise QeebmError(f"ppo samples from the full policy: ppo.top_k must be 0 and ppo.top_p 1.0 "
+                             f"(got {c.top_k} and {c.top_p}); ppo.temperature is applied to the log-probs")
+        if c.temperature <= 0:
+            raise QeebmError(f"ppo.temperature must be > 0; got {c.temperature}")
+        if c.value_warmup_steps < 0:
+            raise QeebmError(f"ppo.value_warmup_steps must be >= 0; got {c.value_warmup_steps}")
 
     def __init__(self, cfg: Config, translator, model: torch.nn.Module):
         self.cfg, self.c = cfg, cfg.ppo
@@ -120,8 +146,8 @@ class PPO:
         self.ce = SFT(cfg, translator, model) if self.c.alpha > 0 else None
         # Value head: V(s_t) from the decoder's last hidden state at position t, which has seen the
         # tokens before t; trained by the loop's optimiser (extra_parameters), saved in state_dict.
-        hidden = translator.model.config.d_model
-        self.value_head = torch.nn.Linear(hidden, 1).to(translator.device)
+        self.value_head = ValueHead(translator.model.config.d_model).to(translator.device)
+        self.detach_critic = self.c.critic == "detached"
         c = self.c
         self.kl_ctl = (AdaptiveKLController(c.init_kl_coef, c.kl_target, c.kl_horizon) if c.adaptive_kl
                        else FixedKLController(c.init_kl_coef))
@@ -163,17 +189,21 @@ class PPO:
         with eval_mode(module, enabled=self.c.disable_dropout):
             yield
 
-    def forward(self, module, s: Samples, rows=None, values: bool = True):
-        """Token log-probs [b, T] and values [b, T] (0 off the mask; values None if not asked)."""
+    def forward(self, module, s: Samples, rows=None, values: bool = True, entropy: bool = False):
+        """Token log-probs [b, T] under the sampling distribution, values [b, T] (None if not asked)
+        and, when asked, the policy's token entropy [b, T] (detached); all 0 off the mask."""
         pick = (lambda t: t) if rows is None else (lambda t: t[rows])
         mask = pick(s.mask)
         out = module(input_ids=pick(s.input_ids), attention_mask=pick(s.attention_mask),
                      decoder_input_ids=pick(s.decoder_input_ids), output_hidden_states=values, use_cache=False)
-        logp, _ = sequence_logprobs(out.logits, pick(s.tokens), mask)  # [b, T]
+        logits = policy_logits(out.logits, s.temperature, s.suppress)  # [b, T, V]
+        logp, _ = sequence_logprobs(logits, pick(s.tokens), mask)  # [b, T]
+        ent = token_entropy(logits, mask) if entropy else None
         if not values:
-            return logp, None
-        v = self.value_head(out.decoder_hidden_states[-1].float()).squeeze(-1)  # [b, T]
-        return logp, torch.where(mask, v, torch.zeros_like(v))
+            return logp, None, ent
+        hidden = out.decoder_hidden_states[-1].float()
+        v = self.value_head(hidden.detach() if self.detach_critic else hidden)  # [b, T]
+        return logp, torch.where(mask, v, torch.zeros_like(v)), ent
 
     # ------------------------------------------------------------------------------------------
     # Rollout (no gradient)
@@ -182,23 +212,30 @@ class PPO:
     def rollout(self, batch: Batch) -> PPORollout:
         # 1. Sample, stopping at </s>.
         s = sample(self.translator, mono_sources(batch), self.c.num_samples, self.gen)
-        # 2. Score.
-        scores, qe, guards = self.reward(s.src, s.hyps)
+        # 2. Score and guard.
+        qe, penalty, guards = self.reward(s.src, s.hyps)
         # 3. Old log-probs and values of the policy (the unwrapped module: no gradient, no DDP);
         #    log-probs of the reference.
         policy = self.translator.model
         with self.policy_mode(policy):
-            logp, values = self.forward(policy, s)
+            logp, values, _ = self.forward(policy, s)
         with self.reference_policy() as ref:
-            ref_logp, _ = self.forward(ref, s, values=False)
+            ref_logp, _, _ = self.forward(ref, s, values=False)
         device = s.tokens.device
         return PPORollout(batch=batch, samples=s, logp=logp, ref_logp=ref_logp, values=values,
-                          scores=scores.to(device), qe=qe.to(device), guards=guards)
+                          qe=qe.to(device), penalty=penalty.to(device), guards=guards)
 
     def finish_rollouts(self, rollouts: list[PPORollout], gather) -> list[PPORollout]:
         """Steps 4-7 over the whole step; ``gather(t)`` concatenates a 1-d tensor over processes."""
         c = self.c
-        # 4. Per-token rewards with this step's KL coefficient.
+        # 4. Rewards (guard hits penalised with the step's statistics), then per-token rewards with
+        #    this step's KL coefficient.
+        step_qe = gather(torch.cat([r.qe for r in rollouts]))
+        step_penalty = gather(torch.cat([r.penalty for r in rollouts]))
+        unit = self.cfg.guards.penalty_unit
+        for r in rollouts:
+            r.scores = penalised_rewards(r.qe, r.penalty, unit, step_qe, step_penalty)
+        step_scores = gather(torch.cat([r.scores for r in rollouts]))
         kl_coef = self.kl_ctl.value
         for r in rollouts:
             mask = r.samples.mask
@@ -211,6 +248,13 @@ class PPO:
         # 6. GAE, then advantages whitened with the step's moments.
         for r in rollouts:
             r.advantages, r.returns = gae(r.token_rewards, r.values, r.samples.mask, c.gamma, c.lam)
+        # How much of the returns the critic's values (as they were at the rollout) predict.
+        moments = gather(torch.stack([value_moments(r.values, r.returns, r.samples.mask) for r in rollouts]).sum(0))
+        step_stats = {"ppo/value_explained_var": explained_variance(moments.view(-1, 5).sum(0)),
+                      "ppo/qe_std": step_qe.std().item() if step_qe.numel() > 1 else 0.0,
+                      "ppo/reward_std": step_scores.std().item() if step_scores.numel() > 1 else 0.0}
+        for r in rollouts:
+            r.step_stats = step_stats
         if c.whiten_advantages:
             local = torch.stack([masked_moments(r.advantages, r.samples.mask) for r in rollouts]).sum(0)  # [3]
             moments = gather(local).view(-1, 3).sum(0)
@@ -262,13 +306,16 @@ class PPO:
             raise RuntimeError("PPO.loss takes a minibatch: the loop must call finish_rollouts and minibatch first")
         c, r, rows = self.c, mb.rollout, mb.rows
         mask = r.samples.mask[rows]  # [b, T]
-        # 8. Clipped surrogate and clipped value loss, token means over the minibatch.
+        # 8. Clipped surrogate and clipped value loss, token means over the minibatch. While the
+        #    critic warms up (ppo.value_warmup_steps), the policy term is kept at weight 0.
         with self.policy_mode(self.model):
-            logp, values = self.forward(self.model, r.samples, rows)
+            logp, values, entropy = self.forward(self.model, r.samples, rows, entropy=True)
         pg, stats = ppo_policy_loss(logp, r.logp[rows], r.advantages[rows], mask, c.clip, normaliser=mb.tokens)
         vf, vstats = ppo_value_loss(values, r.values[rows], r.returns[rows], mask, c.value_clip, normaliser=mb.tokens)
-        loss = pg + c.value_coef * vf
+        policy_weight = 0.0 if r.batch.step <= c.value_warmup_steps else 1.0
+        terms = {"policy": policy_weight * pg, "value": c.value_coef * vf}
         n = mb.samples
+        share = len(rows) / n  # this share's part of a per-step value
         kl = r.kl[rows]
         metrics = {
             "ppo/policy_loss": pg.item(),
@@ -277,21 +324,39 @@ class PPO:
             "ppo/approx_kl": stats["approx_kl"].item(),
             "ppo/ratio": stats["ratio_mean"].item(),
             "ppo/vf_clipfrac": vstats["vf_clipfrac"].item(),
+            "ppo/entropy": entropy.sum().item() / mb.tokens,
             # Rollout statistics (per sample): the same in every epoch.
             "ppo/kl": kl.sum().item() / n,
-            "ppo/kl_coef": r.kl_coef * len(rows) / n,
+            "ppo/kl_coef": r.kl_coef * share,
             "ppo/score": r.scores[rows].sum().item() / n,
             "ppo/qe": r.qe[rows].sum().item() / n,
+            "ppo/guard_penalty": (r.qe[rows] - r.scores[rows]).sum().item() / n,
             "ppo/reward": (r.scores[rows] - r.kl_coef * kl).sum().item() / n,
             "ppo/sample_len": mask.sum().item() / n,
+            **{key: value * share for key, value in r.step_stats.items()},
         }
         if mb.labelled is not None:
             ce = self.ce.loss(mb.labelled)
-            loss = loss + c.alpha * ce.loss
+            terms["ce"] = c.alpha * ce.loss
             metrics |= {"ppo/ce": ce.metrics["sft/loss"], "ppo/nll": ce.metrics["sft/nll"]}
         if r.guards is not None:
             keep = rows.tolist()
-            share = GuardResult(penalty=[r.guards.penalty[i] for i in keep],
-                                hits={k: [v[i] for i in keep] for k, v in r.guards.hits.items()})
-            metrics |= hit_rates(share, normaliser=n)
-        return StepOutput(loss=loss, metrics=metrics)
+            part = GuardResult(penalty=[r.guards.penalty[i] for i in keep],
+                               hits={k: [v[i] for i in keep] for k, v in r.guards.hits.items()})
+            metrics |= hit_rates(part, normaliser=n)
+        return StepOutput(loss=sum(terms.values()), metrics=metrics, terms=terms)
+
+
+class ValueHead(torch.nn.Module):
+    """V(s_t) [b, T] from decoder states [b, T, d]: a one-hidden-layer MLP whose output layer starts
+    at zero, so every first estimate is 0 and the first advantages are the rewards' own."""
+
+    def __init__(self, d_model: int):
+        super().__init__()
+        self.hidden = torch.nn.Linear(d_model, d_model)
+        self.out = torch.nn.Linear(d_model, 1)
+        torch.nn.init.zeros_(self.out.weight)
+        torch.nn.init.zeros_(self.out.bias)
+
+    def forward(self, states: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.tanh(self.hidden(states))).squeeze(-1)

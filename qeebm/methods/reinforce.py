@@ -1,13 +1,19 @@
 """REINFORCE with a QE reward: the policy-gradient baseline of the QE-EBM paper.
 
-Per optimiser step (docs/method.md, "The baselines"):
-1. sample K translations of each source-only sentence (nucleus p=0.9 as published);
-2. reward = QE score of (source, sample), minus the guards' penalty (qeebm/guards.py);
-3. advantage = reward - baseline (running mean of earlier rewards as published, leave-one-out or
-   none), optionally scaled (published: the centred reward scaled to [-1, 1]); baseline and scale
+Per optimiser step (docs/method.md, "The baselines"; docs/rl_baselines.md for what qeebm changed):
+1. sample K translations of each source-only sentence (nucleus p=0.9 as published), never a
+   special token other than </s>;
+2. reward = QE score of (source, sample), guard hits penalised (qeebm/guards.py; by default on the
+   scale of the step's QE spread, ``guards.penalty_unit``);
+3. advantage = reward - baseline (leave-one-out over the K samples of the same source by default;
+   the published running mean of earlier rewards, or none), then scaled (by default divided by the
+   step's standard deviation; published: the centred reward scaled to [-1, 1]); baseline and scale
    come from the whole step, all processes and micro-steps, so the update does not depend on the split;
-4. loss = alpha * CE(labelled batch) + beta * policy gradient, the sequence log-probability of a
-   sample counting its tokens up to and including </s> and never the forced language code.
+4. loss = alpha * CE(labelled batch) + beta * policy gradient, a token mean over the step's samples
+   (the CE is a token mean too, so beta weighs like with like). The sequence log-probability of a
+   sample counts its tokens up to and including </s>, never the forced language code, under the
+   distribution it was sampled from (temperature, suppressed tokens), with dropout off as when it
+   was sampled.
 No KL term, as published.
 
 ``QEReward`` and ``sample`` are shared with PPO (methods/ppo.py).
@@ -28,10 +34,13 @@ from qeebm.methods.sft import SFT
 from qeebm.rl import (
     RunningMeanBaseline,
     normalise_rewards,
+    penalised_rewards,
     policy_gradient_loss,
+    policy_logits,
     rloo_baseline,
     sequence_logprobs,
 )
+from qeebm.translator import eval_mode
 
 
 # ----------------------------------------------------------------------------------------------
@@ -47,7 +56,8 @@ def build_scorer(cfg: Config, device: torch.device):
 
 
 class QEReward:
-    """Sequence reward of the RL baselines: QE(src, mt) minus the largest guard penalty it trips."""
+    """What the RL baselines' reward is made of: the QE score of (src, mt) and the largest penalty of
+    the guards it trips. ``rl.penalised_rewards`` combines the two once the whole step is known."""
 
     def __init__(self, cfg: Config, translator, use_guards: bool):
         self.scorer = build_scorer(cfg, translator.device)
@@ -56,13 +66,13 @@ class QEReward:
         self.count_tokens = translator.num_tokens
 
     def __call__(self, src: list[str], hyps: list[str]) -> tuple[torch.Tensor, torch.Tensor, GuardResult | None]:
-        """Returns (reward [B], QE score [B], guard result or None), float32 on the CPU."""
+        """Returns (QE score [B], guard penalty [B], guard result or None), float32 on the CPU."""
         score = torch.tensor(self.scorer.score(list(src), list(hyps)), dtype=torch.float32)
         if self.guards is None:
-            return score, score, None
+            return score, torch.zeros_like(score), None
         guarded = check(list(src), list(hyps), self.guards, tgt_lang=self.tgt_lang, src_lang=self.src_lang,
                         count_tokens=self.count_tokens)
-        return score - torch.tensor(guarded.penalty, dtype=torch.float32), score, guarded
+        return score, torch.tensor(guarded.penalty, dtype=torch.float32), guarded
 
 
 def check_static_qe(cfg: Config) -> None:
@@ -78,17 +88,23 @@ def check_static_qe(cfg: Config) -> None:
 @dataclass
 class ReinforceRollout:
     """One micro-batch: the labelled ``batch`` (CE term) and K samples of each of its N source-only
-    sentences. ``rewards``, ``scores`` (QE alone): [N, K]. ``advantages``, ``baselines``: [N, K],
-    set by ``finish_rollouts``. ``global_samples``: samples in the whole optimiser step."""
+    sentences. ``scores`` (QE alone), ``penalty`` (the guards', 0: no hit): [N, K]. Set by
+    ``finish_rollouts``: ``rewards``, ``advantages``, ``baselines`` [N, K], ``global_tokens`` (the
+    policy's actions in the whole optimiser step: the policy gradient's normaliser) and
+    ``step_stats`` (the step's reward and advantage spread, logged as they are).
+    ``global_samples``: samples in the whole optimiser step."""
 
     batch: Batch
     samples: Samples
-    rewards: torch.Tensor
     scores: torch.Tensor
+    penalty: torch.Tensor
     guards: GuardResult | None
     global_samples: int
+    rewards: torch.Tensor | None = None
     advantages: torch.Tensor | None = None
     baselines: torch.Tensor | None = None
+    global_tokens: float = 0.0
+    step_stats: dict[str, float] | None = None
 
 
 class Reinforce:
@@ -124,16 +140,20 @@ class Reinforce:
         # 1. Sample K translations of every source-only sentence.
         k = self.c.num_samples
         samples = sample(self.translator, mono_sources(batch), k, self.gen)
-        # 2. Reward: QE score minus guard penalties.
-        rewards, scores, guards = self.reward(samples.src, samples.hyps)
+        # 2. What the reward is made of: the QE's score and the guards' penalty.
+        scores, penalty, guards = self.reward(samples.src, samples.hyps)
         device = samples.tokens.device
-        return ReinforceRollout(batch=batch, samples=samples, rewards=rewards.view(-1, k).to(device),
-                                scores=scores.view(-1, k).to(device), guards=guards,
+        return ReinforceRollout(batch=batch, samples=samples, scores=scores.view(-1, k).to(device),
+                                penalty=penalty.view(-1, k).to(device), guards=guards,
                                 global_samples=batch.global_mono * k)
 
     def finish_rollouts(self, rollouts: list[ReinforceRollout], gather) -> list[ReinforceRollout]:
-        """3. Advantages from the whole step's rewards. ``gather(t)`` concatenates a 1-d tensor over
-        processes, so every process computes the same baseline and scale."""
+        """2-3. Rewards and advantages from the whole step. ``gather(t)`` concatenates a 1-d tensor
+        over processes, so every process computes the same rewards, baseline and scale."""
+        step_scores = gather(torch.cat([r.scores.flatten() for r in rollouts]))
+        step_penalty = gather(torch.cat([r.penalty.flatten() for r in rollouts]))
+        for r in rollouts:
+            r.rewards = penalised_rewards(r.scores, r.penalty, self.cfg.guards.penalty_unit, step_scores, step_penalty)
         rewards = torch.cat([r.rewards.flatten() for r in rollouts])  # [n_local * K]
         every = gather(rewards)  # [global samples]
         if self.c.baseline == "running_mean":
@@ -152,34 +172,44 @@ class Reinforce:
             # The scale (largest |centred reward|, or the moments) is the whole step's.
             everything = gather(torch.cat([c.flatten() for c in centred]))
             centred = [normalise_rewards(c, scaling=scaling, stats=everything) for c in centred]
+        tokens = gather(torch.stack([r.samples.mask.sum() for r in rollouts]).sum().view(1).double()).sum().item()
+        advantages = gather(torch.cat([a.flatten() for a in centred]))
+        stats = {"reinforce/reward_std": every.std().item() if every.numel() > 1 else 0.0,
+                 "reinforce/score_std": step_scores.std().item() if step_scores.numel() > 1 else 0.0,
+                 "reinforce/advantage_std": advantages.std().item() if advantages.numel() > 1 else 0.0}
         for r, b, a in zip(rollouts, baselines, centred):
-            r.baselines, r.advantages = b, a
+            r.baselines, r.advantages, r.global_tokens, r.step_stats = b, a, tokens, stats
         return rollouts
 
     def loss(self, r: ReinforceRollout) -> StepOutput:
         if r.advantages is None:
             raise RuntimeError("Reinforce.loss before finish_rollouts: the loop must call it after the rollouts")
         s, n = r.samples, r.global_samples
-        # 4. Policy gradient: -A * log p(sample) summed over the step's samples, / their number.
-        logits = self.model(input_ids=s.input_ids, attention_mask=s.attention_mask,
-                            decoder_input_ids=s.decoder_input_ids, use_cache=False).logits  # [B, T, V]
-        _, seq_logp = sequence_logprobs(logits, s.tokens, s.mask)  # [B]
-        pg = policy_gradient_loss(seq_logp, r.advantages.flatten(), normaliser=n)
-        loss = self.c.beta * pg
+        # 4. Policy gradient: -A * log p(sample), a token mean over the step's samples. Dropout off,
+        #    as the samples were drawn; the log-probs are those of the sampling distribution.
+        with eval_mode(self.model):
+            logits = self.model(input_ids=s.input_ids, attention_mask=s.attention_mask,
+                                decoder_input_ids=s.decoder_input_ids, use_cache=False).logits  # [B, T, V]
+        _, seq_logp = sequence_logprobs(policy_logits(logits, s.temperature, s.suppress), s.tokens, s.mask)  # [B]
+        pg = policy_gradient_loss(seq_logp, r.advantages.flatten(), normaliser=max(r.global_tokens, 1.0))
+        terms = {"pg": self.c.beta * pg}
+        share = s.tokens.shape[0] / n  # this micro-batch's part of a per-step value
         metrics = {
             "reinforce/pg_loss": pg.item(),
             "reinforce/reward": r.rewards.sum().item() / n,
             "reinforce/score": r.scores.sum().item() / n,
+            "reinforce/guard_penalty": (r.scores - r.rewards).sum().item() / n,
             "reinforce/baseline": r.baselines.sum().item() / n,
             "reinforce/advantage": r.advantages.sum().item() / n,
             "reinforce/sample_len": s.mask.sum().item() / n,
             "reinforce/logp": seq_logp.detach().sum().item() / n,
+            **{key: value * share for key, value in r.step_stats.items()},
         }
         # The supervised term on the labelled batch, as SFT computes it.
         if self.ce is not None:
             ce = self.ce.loss(r.batch)
-            loss = loss + self.c.alpha * ce.loss
+            terms["ce"] = self.c.alpha * ce.loss
             metrics |= {"reinforce/ce": ce.metrics["sft/loss"], "reinforce/nll": ce.metrics["sft/nll"]}
         if r.guards is not None:
             metrics |= hit_rates(r.guards, normaliser=n)
-        return StepOutput(loss=loss, metrics=metrics)
+        return StepOutput(loss=sum(terms.values()), metrics=metrics, terms=terms)
