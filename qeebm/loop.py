@@ -352,6 +352,7 @@ def make_batch(translator, data, idx, global_tokens, global_examples, device, st
     tgt = [data.tgt[i] for i in idx] if data.tgt is not None else None
     enc = {k: v.to(device) for k, v in translator.encode(src, tgt).items()}
     return Batch(src=src, tgt=tgt, input_ids=enc["input_ids"], attention_mask=enc["attention_mask"], labels=enc.get("labels"),
+                 decoder_input_ids=enc.get("decoder_input_ids"),
                  global_tokens=global_tokens, global_examples=global_examples, step=step)
 
 

@@ -263,7 +263,19 @@ class Translator:
             # Masking by the attention mask rather than by pad id: a text can contain the literal "<pad>".
             lab = tok(text_target=list(tgt), padding=True, truncation=True, return_tensors="pt")
             out["labels"] = lab["input_ids"].masked_fill(lab["attention_mask"] == 0, -100)
+            out["decoder_input_ids"] = self.decoder_inputs(out["labels"])
         return out
+
+    def decoder_inputs(self, labels: torch.Tensor) -> torch.Tensor:
+        """Teacher-forcing decoder inputs [B, T] for ``labels`` [B, T] (padding -100): the decoder
+        start token, then the labels shifted right, padding as ``<pad>``. Built here rather than by
+        the model from the labels: mBART's own shift finds a row's end by counting non-pad tokens,
+        so a target holding a literal ``<pad>`` would start its decoder from the wrong token."""
+        config = self.model.config
+        start = config.decoder_start_token_id if config.decoder_start_token_id is not None else self.tokenizer.eos_token_id
+        shifted = torch.full_like(labels, start)
+        shifted[:, 1:] = labels[:, :-1]
+        return shifted.masked_fill(shifted == -100, self.tokenizer.pad_token_id)
 
     def num_tokens(self, texts: list[str], side: str) -> list[int]:
         """Token counts as the model sees them (side: "src" | "tgt"), for length filters.

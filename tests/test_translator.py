@@ -245,3 +245,27 @@ def test_translate_file(tmp_path):
     assert [lines[0], lines[2]] == [" ".join(h.split()) for h in tr.generate(["the cat", "муур хот"], GREEDY)]
     with pytest.raises(QeebmError):
         translate_file(str(tiny_translator_dir("nllb")), "eng_Latn", "khk_Cyrl", tmp_path / "missing.txt", out, GREEDY)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_teacher_forcing_starts_every_row_at_the_decoder_start_even_with_a_literal_pad(family):
+    # mBART's own shift from labels finds a row's end by counting non-pad tokens: a target holding the
+    # text "<pad>" would start its decoder from the wrong token. The decoder inputs are built
+    # explicitly: the decoder start, then the labels shifted right.
+    tr = load(tiny_translator_dir(family))
+    enc = tr.encode(["a cat", "the dog sleeps"], ["x <pad> y", "z"])
+    labels, dec = enc["labels"], enc["decoder_input_ids"]
+    assert (labels[0] == tr.tokenizer.pad_token_id).any()  # the literal <pad> is in the labels
+    assert (dec[:, 0] == tr.model.config.decoder_start_token_id).all()
+    assert (dec[:, 1] == tr.tgt_lang_id).all()
+    assert torch.equal(dec[:, 1:][labels[:, :-1] != -100], labels[:, :-1][labels[:, :-1] != -100])
+    # On a row without a literal <pad> the model's own shift agrees.
+    from transformers.models.mbart.modeling_mbart import shift_tokens_right as mbart_shift
+    from transformers.models.m2m_100.modeling_m2m_100 import shift_tokens_right as m2m_shift
+
+    pad = tr.tokenizer.pad_token_id
+    own = (mbart_shift(labels[1:].masked_fill(labels[1:] == -100, pad), pad) if family == "mbart"
+           else m2m_shift(labels[1:], pad, tr.model.config.decoder_start_token_id))
+    assert torch.equal(own, dec[1:])
+    if family == "mbart":
+        assert not torch.equal(mbart_shift(labels[:1].masked_fill(labels[:1] == -100, pad), pad), dec[:1])

@@ -21,6 +21,7 @@ class Batch:
     ``src`` / ``tgt``: the B raw sentences (``tgt`` is None for source-only data).
     ``input_ids``, ``attention_mask``: [B, S] source tokens with the source language code.
     ``labels``: [B, T] target tokens, padding = -100, or None without targets.
+    ``decoder_input_ids``: [B, T] their teacher-forcing inputs (``Translator.decoder_inputs``).
     ``global_tokens``: label tokens in the whole optimiser step (all processes, all micro-steps).
     ``global_examples``: examples in the whole optimiser step (``optim.batch_size``).
     ``step``: the optimiser step this micro-batch belongs to, counted from 1 (for schedules).
@@ -42,6 +43,7 @@ class Batch:
     step: int = 0
     mono: list[str] | None = None
     global_mono: int = 0
+    decoder_input_ids: torch.Tensor | None = None
 
 
 @dataclass

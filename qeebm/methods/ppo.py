@@ -295,6 +295,7 @@ class PPO:
             labelled = dataclasses.replace(
                 b, src=[b.src[i] for i in keep], tgt=[b.tgt[i] for i in keep] if b.tgt is not None else None,
                 input_ids=b.input_ids[lab], attention_mask=b.attention_mask[lab], labels=b.labels[lab],
+                decoder_input_ids=b.decoder_input_ids[lab],
                 global_tokens=int(label_tokens))
         return PPOMinibatch(rollout=r, rows=rows, labelled=labelled, tokens=tokens, samples=samples)
 

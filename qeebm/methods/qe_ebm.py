@@ -338,7 +338,7 @@ class QeEbm:
             tf = tr.teacher_forcing(drawn.sequences)
             samples = self.energy.bridge.decode(drawn.tokens, tf["labels"] != -100)  # the texts the QE sees
             # log pbar: the noise distribution's (translator's) smoothed mean token log-probability.
-            logp_ref = self.mean_logprob(batch.input_ids, batch.attention_mask, batch.labels)  # [N]
+            logp_ref = self.mean_logprob(batch.input_ids, batch.attention_mask, batch.labels, batch.decoder_input_ids)  # [N]
             logp_smp = self.mean_logprob(drawn.input_ids, drawn.attention_mask, tf["labels"], tf["decoder_input_ids"])  # [N*K]
         src = list(batch.src) + drawn.src
         with torch.enable_grad():
@@ -368,15 +368,11 @@ class QeEbm:
         return loss, {"qe-ebm/qe_loss": loss.item(), "qe-ebm/ref_above_samples": ref_above_rate(ref, smp) * share,
                       "qe-ebm/ref_score_above_samples": ref_above_rate(s_ref, s_smp) * share}
 
-    def mean_logprob(self, input_ids, attention_mask, labels, decoder_input_ids=None) -> torch.Tensor:
+    def mean_logprob(self, input_ids, attention_mask, labels, decoder_input_ids) -> torch.Tensor:
         """``[B]`` label-smoothed mean token log-probability of ``labels`` under the translator (eval
-        mode, like the sampler). Without ``decoder_input_ids`` the model builds them from ``labels``
-        (right for references, which always end in ``</s>``)."""
+        mode, like the sampler)."""
         with eval_mode(self.translator.model) as model:
-            if decoder_input_ids is None:
-                logits = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).logits
-            else:
-                logits = model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids).logits
+            logits = model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids).logits
         nll = F.cross_entropy(_upcast(logits).transpose(1, 2), labels, ignore_index=-100,
                               label_smoothing=self.q.label_smoothing, reduction="none")  # [B, T]
         return -nll.sum(1) / (labels != -100).sum(1).clamp(min=1)

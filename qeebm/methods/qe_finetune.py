@@ -126,7 +126,8 @@ class QeFinetune:
         choice = self.select(src, cands)
         enc = {k: v.to(batch.input_ids.device) for k, v in self.translator.encode(src, choice.hyps).items()}
         pseudo = Batch(src=src, tgt=choice.hyps, input_ids=enc["input_ids"], attention_mask=enc["attention_mask"],
-                       labels=enc["labels"], global_tokens=0, global_examples=batch.global_mono, step=batch.step)
+                       labels=enc["labels"], decoder_input_ids=enc["decoder_input_ids"], global_tokens=0,
+                       global_examples=batch.global_mono, step=batch.step)
         return QeFinetuneRollout(batch=batch, pseudo=pseudo, choice=choice)
 
     def finish_rollouts(self, rollouts: list[QeFinetuneRollout], gather) -> list[QeFinetuneRollout]:

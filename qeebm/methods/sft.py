@@ -33,9 +33,10 @@ def label_smoothed_ce(model: torch.nn.Module, batch: Batch, label_smoothing: flo
     """The labelled batch's label-smoothed cross-entropy, this micro-batch's contribution to the step's
     per-token mean, and (``with_nll``) the plain NLL the same way, without gradient (else None).
     ``upcast`` maps the logits to the dtype the loss is computed in."""
-    # Passing labels lets each model family build its own decoder inputs (mBART rotates the
-    # language code, NLLB prepends </s>); the model's own mean loss is ignored.
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, labels=batch.labels).logits
+    # Explicit decoder inputs (Translator.decoder_inputs): mBART's shift from labels alone goes wrong
+    # on a target holding a literal <pad>.
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                   decoder_input_ids=batch.decoder_input_ids).logits
     logits = upcast(logits).flatten(0, 1)
     labels = batch.labels.flatten()
     # Sum, then divide by the step's token count: micro-batches and processes then add up
