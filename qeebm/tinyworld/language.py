@@ -28,6 +28,7 @@ from __future__ import annotations
 import bisect
 import functools
 import random
+import re
 from collections import defaultdict
 from dataclasses import dataclass, replace
 from typing import Iterator, Optional, Sequence, Union
@@ -1897,6 +1898,62 @@ def build_splits(seed: int, sizes: dict) -> dict:
     return out
 
 
+def _content_forms(items) -> set:
+    """Lower-cased English surface forms of nouns, adjectives or verbs (particles left out)."""
+    forms = set()
+    for item in items:
+        if isinstance(item, Noun):
+            forms |= {item.en, item.en_pl}
+        elif isinstance(item, Adj):
+            forms.add(item.en)
+        else:
+            for words in (item.en_base(), item.en_pastform(), item.en_third(), item.en_ing()):
+                forms.add(words[0])
+    return {f.lower() for f in forms}
+
+
+@functools.lru_cache(maxsize=4)
+def rare_forms(common_fraction: float) -> frozenset:
+    """English forms of the content words outside the most frequent ``common_fraction`` of each
+    word class (nouns, adjectives, verbs, by their sampling weight), minus forms a common word shares."""
+    w = _world()
+    common, rare = set(), set()
+    for items in (w.nouns, w.adjs, w.verbs):
+        ranked = sorted(items, key=lambda x: -x.weight)
+        k = max(1, round(common_fraction * len(ranked)))
+        common |= _content_forms(ranked[:k])
+        rare |= _content_forms(ranked[k:])
+    return frozenset(rare - common)
+
+
+_SRC_WORD = re.compile(r"[a-z']+")
+
+
+def is_narrow(pair: Pair, common_fraction: float) -> bool:
+    """True when the source uses no content word outside the common part of the lexicon."""
+    rare = rare_forms(common_fraction)
+    return not any(word in rare for word in _SRC_WORD.findall(pair.src.lower()))
+
+
+def narrow_pairs(n: int, seed: int, common_fraction: float, exclude: set) -> list:
+    """``n`` distinct pairs whose sources use only common content words (``is_narrow``), none of
+    whose sources is in ``exclude``: the "pretraining" corpus of the tiny world's base translators,
+    the same language as the task but a narrower slice of it."""
+    out, seen = [], set(exclude)
+    budget = 400 * n + 1000
+    for pair in _stream(seed):
+        budget -= 1
+        if budget < 0:
+            raise RuntimeError(f"could not find {n} narrow sources (common_fraction {common_fraction})")
+        if pair.src in seen or not is_narrow(pair, common_fraction):
+            continue
+        seen.add(pair.src)
+        out.append(pair)
+        if len(out) == n:
+            return out
+    return out
+
+
 # =============================================================================================
 # Analysis of target words and corruptions for quality-estimation data
 # =============================================================================================
@@ -2297,6 +2354,43 @@ def corrupt(pair: Pair, kind: str, rng: random.Random) -> str:
         if out != pair.tgt:
             return out
     return out
+
+
+# What an optimiser drives a translator to when a QE rewards it: the tiny world's QEs learn from
+# these too, scored by the quality target like any other output (qeebm/tinyworld/build.py).
+DEGENERATIONS = ("over_long", "repeated_ngram", "run_on_copy", "off_target_script")
+
+_ROMAN = dict(zip("абвгдеёжзийклмнопрстуфхцчшщъыьэюяөү",
+                  ["a", "b", "v", "g", "d", "ye", "yo", "j", "z", "i", "i", "k", "l", "m", "n", "o", "p", "r",
+                   "s", "t", "u", "f", "kh", "ts", "ch", "sh", "sh", "", "y", "", "e", "yu", "ya", "oe", "ue"]))
+
+
+def romanize(text: str) -> str:
+    """The target text in Latin letters: right words, wrong script (an off-target output)."""
+    return "".join(_ROMAN.get(ch, _ROMAN.get(ch.lower(), ch).capitalize() if ch.isupper() else ch) for ch in text)
+
+
+def degenerate(text: str, kind: str, rng: random.Random, filler: str = "") -> str:
+    """``text`` (a translation or a reference) made degenerate in the way ``kind`` names:
+    "over_long" appends 2-6 words of ``filler`` (another target sentence), "repeated_ngram" repeats
+    a 1-3 word n-gram two to four more times, "run_on_copy" says everything twice, and
+    "off_target_script" writes it in Latin letters. An empty text stays empty."""
+    if kind not in DEGENERATIONS:
+        raise ValueError(f"unknown degeneration {kind!r}; expected one of {DEGENERATIONS}")
+    words = text.split()
+    if not words:
+        return text
+    if kind == "over_long":
+        extra = filler.split() or words
+        return " ".join(words + extra[: rng.randint(2, 6)])
+    if kind == "repeated_ngram":
+        n = min(len(words), rng.randint(1, 3))
+        start = rng.randrange(len(words) - n + 1)
+        gram = words[start:start + n]
+        return " ".join(words[:start + n] + gram * rng.randint(2, 4) + words[start + n:])
+    if kind == "run_on_copy":
+        return f"{text} {text}"
+    return romanize(text)
 
 
 if __name__ == "__main__":  # a quick look: python -m qeebm.tinyworld.language [N] [SEED]
