@@ -145,19 +145,20 @@ def spearman(x, y) -> float:
 
 
 # ------------------------------------------------------------------ the tiny world's three QEs
-# Shapes and schedules of the three estimators. The judge differs in seed AND shape, so its errors
-# are not the trained-on QE's errors (the paper's reward-hacking check needs an independent QE).
-# Measured on the default tiny world (18k rows from base-translator outputs and corrupted
-# references, one thread): kiwi 12 s/epoch, Pearson 0.38 after one epoch, 0.43 after two;
-# comet 19 s, 0.89; judge 13 s, 0.39. Wider or deeper kiwis did no better in that budget.
+# Shapes, data and schedules of the three estimators. The judge differs in seed, shape AND data (its
+# own shard of judged sources), so its errors are not the trained-on QE's errors (the paper's
+# reward-hacking check needs an independent QE). ``data`` names the rows it learns from.
+# Epochs: the reference-based COMET fits in one; the reference-free ones gain from a third (the
+# default world, measured with the build's own report).
 TINY_QES = {
-    "kiwi": dict(kind="kiwi", hidden=64, layers=2, heads=4, ffn=128, seed_offset=0, train={"epochs": 2}),
-    "comet": dict(kind="comet", hidden=64, layers=2, heads=4, ffn=128, seed_offset=1, train={}),
-    "judge": dict(kind="kiwi", hidden=48, layers=2, heads=4, ffn=96, seed_offset=7919, train={}),
+    "kiwi": dict(kind="kiwi", hidden=64, layers=2, heads=4, ffn=128, seed_offset=0, data="qe", train={"epochs": 3}),
+    "comet": dict(kind="comet", hidden=64, layers=2, heads=4, ffn=128, seed_offset=1, data="qe", train={"epochs": 1}),
+    "judge": dict(kind="kiwi", hidden=48, layers=2, heads=4, ffn=96, seed_offset=7919, data="judge",
+                  train={"epochs": 3}),
 }
 # Defaults for all three (train_qe keywords). lr: these encoders start from random weights, so far
 # above comet's fine-tuning rates; for the same reason the embeddings are trained too.
-FIT = dict(mode="full", epochs=1, lr=1e-3, batch_size=32, train_embeddings=True)
+FIT = dict(mode="full", epochs=2, lr=1e-3, batch_size=32, train_embeddings=True, schedule="linear")
 FIT_THREADS = 1  # tiny matrices: a second thread gains little and collapses when cores are shared
 
 
@@ -170,63 +171,66 @@ def _unpack(triples):
     return src, mt, ref, [float(v) for v in q]
 
 
+def fit_tiny_qe(name: str, out_dir, tokenizer_dir, train_triples, seed: int = 0, *, fit: dict | None = None,
+                spec: dict | None = None) -> dict:
+    """Train the tiny world's QE ``name`` (a key of TINY_QES, or any name with ``spec``) on
+    ``train_triples`` ((src, mt, ref, quality) tuples or dicts; a reference-free model never sees
+    ref) and save it in comet's format in ``out_dir``. ``fit`` overrides FIT and the model's own
+    settings (train_qe keywords, plus num_threads). Returns its path, kind, seed, shape, number of
+    training rows and seconds."""
+    from qeebm.qe.train import torch_threads, train_qe
+
+    spec = dict(spec or TINY_QES[name])
+    settings = {**FIT, **spec.get("train", {}), **(fit or {})}
+    threads = settings.pop("num_threads", FIT_THREADS)
+    out = Path(out_dir).resolve()
+    start = time.perf_counter()
+    src, mt, ref, q = _unpack(train_triples)
+    model_seed = seed + spec["seed_offset"]
+    with torch_threads(threads):
+        enc = write_encoder(out, tokenizer_dir, hidden=spec["hidden"], layers=spec["layers"],
+                            heads=spec["heads"], ffn=spec["ffn"])
+        model = new_qe(spec["kind"], enc, seed=model_seed)
+        train_qe(model, src, mt, q, ref=ref if spec["kind"] == "comet" else None, seed=model_seed, **settings)
+        save_qe(model, out)
+    return {"path": str(out), "kind": spec["kind"], "seed": model_seed,
+            "shape": {k: spec[k] for k in ("hidden", "layers", "heads", "ffn")},
+            "train_examples": len(src), "seconds": round(time.perf_counter() - start, 1)}
+
+
+def heldout_correlation(model_dir, heldout_triples) -> dict:
+    """Pearson / Spearman of the saved QE's scores (through the files later runs load) with the
+    true quality of held-out (src, mt, ref, quality) rows; the reference is used by COMET only."""
+    from qeebm.qe.models import load_qe, qe_kind
+    from qeebm.qe.scoring import QEScorer
+
+    model = load_qe(str(model_dir))
+    src, mt, ref, q = _unpack(heldout_triples)
+    scores = QEScorer(model, batch_size=128).score(src, mt, ref if qe_kind(model) == "comet" else None)
+    return {"pearson": pearson(scores, q), "spearman": spearman(scores, q), "heldout_examples": len(q)}
+
+
 def fit_tiny_quality_estimators(out_dir, tokenizer_dir, train_triples, heldout_triples, seed: int = 0,
-                                *, max_train: int | None = None, fit: dict | None = None) -> dict:
-    """Train the tiny world's QEs and save each in comet's format under out_dir:
+                                *, fit: dict | None = None) -> dict:
+    """Train the tiny world's QEs one after the other and save each in comet's format under out_dir:
 
     * kiwi/  - the CometKiwi stand-in (reference-free, input [mt, src]) that QE-EBM trains against;
     * comet/ - a reference-based COMET (RegressionMetric) for evaluation;
-    * judge/ - an independently trained reference-free QE (other seed and size), evaluation only.
+    * judge/ - an independently trained reference-free QE (other seed, size and data), evaluation only.
 
-    `train_triples` / `heldout_triples`: (src, mt, ref, quality) tuples (or dicts with keys src, mt,
-    ref, score); the reference-free models never see ref. `fit` overrides FIT and each model's own
-    settings (train_qe keywords, plus num_threads). Returns, per model, its path, seconds, and the
-    Pearson / Spearman correlation of its scores with the true quality on the held-out triples;
-    out_dir/qe_report.json gets the same without the timings.
-    """
+    ``train_triples``: the rows every model learns from, or a dict of them by TINY_QES' ``data``
+    names ("qe", "judge"). Returns, per model, ``fit_tiny_qe``'s record and its correlations on
+    ``heldout_triples`` (``heldout_correlation``); out_dir/qe_report.json gets the same without the
+    timings. (The tiny-world build trains them in two processes instead, tinyworld/build.py.)"""
     out = Path(out_dir).resolve()
-    train = _unpack(train_triples)
-    if max_train is not None:
-        train = tuple(col[:max_train] for col in train)
-    heldout = _unpack(heldout_triples)
-    fit = dict(fit or {})
-    threads = fit.pop("num_threads", FIT_THREADS)
-    from qeebm.qe.train import torch_threads
-
-    with torch_threads(threads):
-        report = {name: _fit_one(out / name, spec, tokenizer_dir, seed, {**FIT, **spec["train"], **fit},
-                                 train, heldout)
-                  for name, spec in TINY_QES.items()}
-    # Without timings, so that the same seed writes the same file.
+    report = {}
+    for name, spec in TINY_QES.items():
+        rows = train_triples[spec["data"]] if isinstance(train_triples, dict) else train_triples
+        report[name] = fit_tiny_qe(name, out / name, tokenizer_dir, rows, seed, fit=fit)
+        report[name] |= heldout_correlation(out / name, heldout_triples)
+        log.info("tiny QE %s: pearson %.3f spearman %.3f on %d held-out rows (%.1fs)", name,
+                 report[name]["pearson"], report[name]["spearman"], report[name]["heldout_examples"],
+                 report[name]["seconds"])
     stable = {k: {f: v for f, v in r.items() if f != "seconds"} for k, r in report.items()}
     (out / "qe_report.json").write_text(json.dumps(stable, indent=2, sort_keys=True) + "\n")
     return report
-
-
-def _fit_one(out: Path, spec: dict, tokenizer_dir, seed: int, settings: dict, train, heldout) -> dict:
-    from qeebm.qe.models import load_qe
-    from qeebm.qe.scoring import QEScorer
-    from qeebm.qe.train import train_qe
-
-    start = time.perf_counter()
-    src, mt, ref, q = train
-    h_src, h_mt, h_ref, h_q = heldout
-    with_ref = spec["kind"] == "comet"
-    model_seed = seed + spec["seed_offset"]
-    enc = write_encoder(out, tokenizer_dir, hidden=spec["hidden"], layers=spec["layers"],
-                        heads=spec["heads"], ffn=spec["ffn"])
-    model = new_qe(spec["kind"], enc, seed=model_seed)
-    train_qe(model, src, mt, q, ref=ref if with_ref else None, seed=model_seed, **settings)
-    save_qe(model, out)
-    # Scored through the saved files, so the numbers are those of what later runs load.
-    scores = QEScorer(load_qe(str(out)), batch_size=128).score(h_src, h_mt, h_ref if with_ref else None)
-    result = {
-        "path": str(out), "kind": spec["kind"], "seed": model_seed,
-        "shape": {k: spec[k] for k in ("hidden", "layers", "heads", "ffn")},
-        "pearson": pearson(scores, h_q), "spearman": spearman(scores, h_q),
-        "train_examples": len(src), "heldout_examples": len(h_q),
-        "seconds": round(time.perf_counter() - start, 1),
-    }
-    log.info("tiny QE %s: pearson %.3f spearman %.3f on %d held-out triples (%.1fs)", out.name,
-             result["pearson"], result["spearman"], len(h_q), result["seconds"])
-    return result
