@@ -24,7 +24,13 @@ def _setup_logging(verbose: bool = False) -> None:
 def cmd_tinyworld_build(args: argparse.Namespace) -> None:
     from qeebm.tinyworld.build import build
 
-    build(args.dir, seed=args.seed, size=args.size, force=args.force)
+    build(args.dir, seed=args.seed, size=args.size, force=args.force, qe=args.qe)
+
+
+def cmd_tinyworld_build_qe(args: argparse.Namespace) -> None:
+    from qeebm.tinyworld.build import ship_qe
+
+    print(f"shipped quality estimators written to {ship_qe(args.out, work=args.work)}")
 
 
 def cmd_train(args: argparse.Namespace) -> None:
@@ -59,9 +65,14 @@ def cmd_score(args: argparse.Namespace) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
-    from qeebm.demo import run_demo
+    from qeebm.demo import SYSTEMS, run_demo
 
-    run_demo(world_dir=args.world, runs_dir=args.runs, quick=args.quick, seeds=args.seeds, steps=args.steps)
+    systems = [s.strip() for s in args.systems.split(",")] if args.systems else None
+    unknown = [s for s in systems or [] if s not in SYSTEMS]
+    if unknown:
+        raise QeebmError(f"--systems: unknown {', '.join(unknown)}; choose from {', '.join(SYSTEMS)}")
+    run_demo(world_dir=args.world, runs_dir=args.runs, quick=args.quick, seeds=args.seeds, steps=args.steps,
+             base=args.base, systems=systems)
 
 
 def add_decoding_args(g) -> None:
@@ -106,17 +117,32 @@ def build_parser() -> argparse.ArgumentParser:
     tw = p.add_subparsers(dest="tinyworld_command", required=True, metavar="ACTION")
     b = tw.add_parser(
         "build",
-        help="generate data, tokenizers and base translators into DIR",
-        description="Generate the tiny world deterministically: English -> pseudo-Mongolian data "
-        "(train / source-only pool / dev / test), XLM-R-, mBART-50- and NLLB-style tokenizers, "
-        "tiny M2M100 and MBart base translators. The same seed gives identical files.",
+        help="generate data, tokenizers, base translators and quality estimators into DIR",
+        description="Generate the tiny world deterministically (docs/tinyworld.md): English -> "
+        "pseudo-Mongolian data (the task's labelled 20%% / source-only pool / dev / test, the bases' "
+        "narrow corpus, the QEs' judged sentences), XLM-R-, mBART-50- and NLLB-style tokenizers, tiny "
+        "M2M100 and MBart base translators and the tiny CometKiwi, COMET and judge. The same seed gives "
+        "identical files.",
     )
     b.add_argument("dir", help="output directory (e.g. data/tinyworld)")
     b.add_argument("--seed", type=int, default=0, help="world seed (default 0)")
     b.add_argument("--size", choices=["default", "micro"], default="default",
                    help="'micro' is a seconds-long build for tests")
     b.add_argument("--force", action="store_true", help="rebuild even if DIR holds a finished build")
+    b.add_argument("--qe", choices=["auto", "build"], default="auto",
+                   help="auto (default): copy the QEs shipped in data/tinyworld-qe when they were built from "
+                   "this build's inputs, else train them (about 9 minutes on 2 cores); build: always train them")
     b.set_defaults(func=cmd_tinyworld_build)
+    q = tw.add_parser(
+        "build-qe",
+        help="rebuild the shipped quality estimators (data/tinyworld-qe)",
+        description="Build the default world with its quality estimators trained, and keep the QEs, their "
+        "held-out rows and report, and the hashes of the inputs they came from in OUT. A default build "
+        "copies them from there when its own inputs hash the same.",
+    )
+    q.add_argument("out", nargs="?", default="data/tinyworld-qe", help="output directory (default %(default)s)")
+    q.add_argument("--work", help="build the world here instead of a temporary directory (kept)")
+    q.set_defaults(func=cmd_tinyworld_build_qe)
 
     p = sub.add_parser(
         "train",
@@ -217,15 +243,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="the main job on the tiny world: build it, train, evaluate, print",
                        description="Build the tiny world if absent, train SFT, REINFORCE, PPO, QE-EBM "
-                       "static and dynamic and QE finetuning from its base translator with equal budgets, evaluate "
-                       "them on its test set (BLEU, chrF++, TER, tiny COMET, tiny Kiwi, held-out judge), the base "
-                       "and the best system also with Kiwi reranking, and print the comparison.")
+                       "static and dynamic and QE finetuning from its base translator under the same protocol "
+                       "(docs/tinyworld.md), evaluate them on its test set (BLEU, chrF++, TER, tiny COMET, tiny Kiwi, "
+                       "held-out judge) with the checkpoint selected on dev Kiwi and on dev chrF++, the base and the "
+                       "best system also with Kiwi reranking and chrF++ MBR, and print the comparisons.")
     p.add_argument("--world", help="tiny-world directory, built if absent (default data/tinyworld; "
                    "with --quick data/tinyworld-micro)")
     p.add_argument("--runs", help="where the runs go (default runs/demo; with --quick runs/demo-quick)")
     p.add_argument("--quick", action="store_true", help="a smoke-sized run on the micro world")
     p.add_argument("--seeds", type=int, default=1, choices=[1, 2, 3], help="seeds per method (42, 231, 6)")
-    p.add_argument("--steps", type=int, help="optimiser steps per method (default 120; --quick: 4)")
+    p.add_argument("--steps", type=int, help="optimiser steps per method at most (default 500; --quick: 4)")
+    p.add_argument("--base", choices=["nllb", "mbart"], default="nllb",
+                   help="the base translator every method starts from (default nllb: the tiny M2M100)")
+    p.add_argument("--systems", help="comma-separated subset of the methods (default: all six)")
     p.set_defaults(func=cmd_demo)
     return parser
 

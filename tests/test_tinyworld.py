@@ -1,29 +1,91 @@
 import json
 
-from qeebm.data import read_corpus
+import pytest
+
 from qeebm.config import CorpusConfig
+from qeebm.data import read_corpus
 from qeebm.qe.heldout import read_judged
-from qeebm.tinyworld.build import SIZES, build, is_built
+from qeebm.tinyworld.build import SIZES, build, is_built, write_data
 
 
 def manifest_heldout(world) -> int:
-    return json.loads((world / "qe/qe_report.json").read_text())["kiwi"]["heldout_examples"]
+    return json.loads((world / "qe/qe_report.json").read_text())["kiwi"]["heldout_rows"]
+
+
+def corpus(world, name):
+    return read_corpus(CorpusConfig(path=str(world / "data" / name)), name, need_target=not name.endswith(".txt"))
 
 
 def test_micro_world_has_every_artifact(micro_world):
     manifest = json.loads((micro_world / "manifest.json").read_text())
-    assert manifest["splits"] == SIZES["micro"].splits
-    for path in ("data/train.tsv", "data/dev.tsv", "data/test.tsv", "data/mono.txt",
+    sizes = SIZES["micro"]
+    assert {k: manifest["splits"][k] for k in sizes.splits} == sizes.splits
+    for path in ("data/train.tsv", "data/train_all.tsv", "data/dev.tsv", "data/test.tsv", "data/mono.txt",
+                 "data/pretrain.tsv", "data/qe.tsv", "data/judge.tsv", "data/qe_heldout.tsv",
                  "tokenizers/xlmr/tokenizer.json", "tokenizers/mbart50/tokenizer.json", "tokenizers/nllb/tokenizer.json",
-                 "nllb-base/config.json", "mbart-base/config.json", "qe/heldout.tsv"):
-        assert path in manifest["files"] or (micro_world / path).is_file(), path
+                 "nllb-base/config.json", "mbart-base/config.json", "qe/heldout.tsv", "qe/kiwi/hparams.yaml"):
+        assert path in manifest["files"], path
         assert (micro_world / path).is_file(), path
-    train = read_corpus(CorpusConfig(path=str(micro_world / "data/train.tsv")), "train", need_target=True)
-    assert len(train.src) == SIZES["micro"].splits["train"]
     assert set(manifest["base_test"]) == {"nllb", "mbart"}
     # The QEs' held-out rows, in the form QE-dynamic's qe.heldout_path reads, as many as they were judged on.
     src, mt, score = read_judged(micro_world / "qe/heldout.tsv")
     assert len(score) == manifest_heldout(micro_world) and all(0.0 <= y <= 1.0 for y in score)
+    report = json.loads((micro_world / "qe/qe_report.json").read_text())
+    for name in ("kiwi", "comet", "judge"):
+        for key in ("pearson", "spearman", "outputs_pearson", "within_source_pearson", "prefers_reference_over"):
+            assert key in report[name], (name, key)
+    assert report["judge"]["seed"] != report["kiwi"]["seed"] and report["judge"]["shape"] != report["kiwi"]["shape"]
+
+
+def test_splits_follow_the_published_protocol_and_never_meet(micro_world):
+    # Labelled: the first share of the training pairs; the pool: every training source; dev, test,
+    # the bases' corpus and the judged sentences: disjoint from the task's pairs and from each other.
+    labelled, every = corpus(micro_world, "train.tsv"), corpus(micro_world, "train_all.tsv")
+    pool = corpus(micro_world, "mono.txt")
+    assert len(labelled.src) == round(SIZES["micro"].labelled * len(every.src))
+    assert labelled.src == every.src[:len(labelled.src)] and pool.src == every.src
+    sources = {name: set(corpus(micro_world, f"{name}.tsv").src)
+               for name in ("train_all", "dev", "test", "pretrain", "pretrain_dev", "qe", "judge", "qe_heldout")}
+    names = list(sources)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            assert not sources[a] & sources[b], (a, b)
+
+
+def test_the_default_world_labels_a_fifth_and_its_bases_corpus_is_narrow(tmp_path):
+    from qeebm.tinyworld.language import is_narrow
+
+    spec = SIZES["default"]
+    assert spec.labelled == 0.2
+    splits = write_data(tmp_path / "data", 0, spec)
+    assert len(splits["pretrain"]) == spec.pretrain
+    assert all(is_narrow(p, spec.common_fraction) for p in splits["pretrain"])
+    # Most task sentences use a word the bases never saw.
+    assert sum(is_narrow(p, spec.common_fraction) for p in splits["test"]) < 0.2 * len(splits["test"])
+    labelled = corpus(tmp_path, "train.tsv")
+    assert len(labelled.src) == 0.2 * spec.splits["train"]
+
+
+def test_judged_rows_come_from_several_systems_and_every_kind(micro_world):
+    from qeebm.tinyworld.judged import quality
+
+    src, mt, score = read_judged(micro_world / "qe/heldout.tsv")
+    # The held-out rows were scored by the world's judgement against their references.
+    ref_of = dict(zip(corpus(micro_world, "qe_heldout.tsv").src, corpus(micro_world, "qe_heldout.tsv").tgt))
+    assert all(abs(quality(m, ref_of[s]) - y) < 1e-12 for s, m, y in zip(src, mt, score))
+    log = json.loads((micro_world / "build_log.json").read_text())
+    assert log["qe_source"] == "built"
+
+
+def test_quality_punishes_additions_as_it_punishes_omissions():
+    from qeebm.tinyworld.judged import quality
+
+    ref = "Миний том ногоон аяга ширээн дээр байна."
+    assert quality(ref, ref) == 1.0
+    # chrF++ (beta 2) gives a reference said twice 0.83; this judgement a third.
+    assert quality(f"{ref} {ref}", ref) == pytest.approx(1 / 3, abs=0.01)
+    half = "Миний том ногоон"
+    assert quality(half, ref) < 0.5 and quality(ref + " ногоон том аяга", ref) < 0.75
 
 
 def test_same_seed_gives_identical_files(micro_world):

@@ -1,19 +1,30 @@
-"""``qeebm tinyworld build DIR``: the offline stand-in for NLLB / mBART / CometKiwi and a low-resource corpus.
+"""``qeebm tinyworld build DIR``: the offline stand-in for NLLB / mBART / CometKiwi and a low-resource task.
 
-Steps, each deterministic in the seed:
-1. data: English -> pseudo-Mongolian pairs split into a small labelled set, a larger source-only pool,
-   dev and test (``language.py``);
+The world mirrors the published protocol (docs/tinyworld.md):
+
+1. data: English -> pseudo-Mongolian pairs (``language.py``) in source-disjoint splits. The task:
+   ``train`` pairs of which the first 20% are labelled (``data/train.tsv``) and whose sources are
+   all the source-only pool (``data/mono.txt``), dev and test. The bases' "pretraining" corpus, a
+   narrower slice of the same language (only the most common content words). The QEs' judged
+   sentences: ``qe`` (kiwi and comet), ``judge`` (the judge's own shard) and ``qe_heldout``.
 2. tokenizers: one SentencePiece model shared by the XLM-R-style (QE) and mBART-50-style tokenizers,
    as real mBART-50 shares XLM-R's ids, and a separate one for the NLLB-style tokenizer, so both
    vocabulary bridges are exercised;
-3. base translators: tiny M2M100 ("nllb") and MBart ("mbart") models SFT-trained on the labelled set
-   with qeebm's own training loop; these play the part of the pretrained checkpoints;
-4. quality estimators: translations of a separate "qe" split (samples and greedy outputs of both base
-   translators, corrupted references, a few references) scored by sentence chrF++ against the
-   reference; on them a tiny CometKiwi (``qe/kiwi``, what QE-EBM and the RL baselines optimise), a
-   reference-based tiny COMET (``qe/comet``) and a held-out QE of another seed and size
-   (``qe/judge``, evaluation only) are trained, and their correlations with the true quality logged;
-   the held-out rows they were measured on are kept in ``qe/heldout.tsv`` (src, mt, ref, score).
+3. base translators: tiny M2M100 ("nllb") and MBart ("mbart") models trained on the pretraining
+   corpus alone with qeebm's own loop: like a pretrained NLLB-200 / mBART-50 they know the language
+   a little and have never seen the task's pairs;
+4. quality estimators, from judged translations of the QE sentences by many systems, corruptions and
+   degenerate outputs (``judged.py``): a tiny CometKiwi (``qe/kiwi``, what QE-EBM and the RL
+   baselines optimise), a reference-based tiny COMET (``qe/comet``) and a held-out QE of another
+   seed, size and data shard (``qe/judge``, evaluation only). Their correlations with the true
+   quality are measured on held-out sentences, overall and within the samples of one source
+   (``qe/qe_report.json``); the held-out judged rows are kept in ``qe/heldout.tsv``.
+
+Step 4 costs more than the main demo's budget on two cores (about 9 minutes here), so the default
+world's QEs are shipped in ``data/tinyworld-qe`` with the hashes of the inputs they were built from
+(the tokenizer, the judged data and the systems that translated it); ``qe="auto"`` copies them when
+those hashes match this build's and builds them otherwise. ``qeebm tinyworld build-qe`` rebuilds the
+shipped files (``tests/test_tinyworld.py`` checks the hashes).
 
 ``manifest.json`` (written last, so its presence means the build finished) lists every artifact's
 sha256; the same seed gives the same manifest. Timings go to ``build_log.json``, which is not hashed.
@@ -24,8 +35,11 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import multiprocessing
+import random
 import shutil
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,12 +51,28 @@ from qeebm.langcodes import FAMILIES
 
 log = logging.getLogger("qeebm.tinyworld")
 
+SHIPPED_QE = Path(__file__).resolve().parents[2] / "data" / "tinyworld-qe"
+QE_MODELS = ("kiwi", "comet", "judge")  # every world's; the default one also has weaker kiwis
+
 
 @dataclass(frozen=True)
 class WorldSize:
-    """How big each part of the world is. ``default`` is the demo; ``micro`` builds in seconds for tests."""
+    """How big each part of the world is. ``default`` is the demo; ``micro`` builds in seconds for tests.
 
-    splits: dict  # "qe" holds the sources whose translations the quality estimators learn from
+    ``splits``: distinct sources of the task (train, dev, test) and of the judged data (qe, judge,
+    qe_heldout). ``labelled``: the labelled share of ``train`` (published: 20%). ``pretrain``
+    (+ ``pretrain_dev``): pairs of the bases' corpus, whose content words are all among the most
+    frequent ``common_fraction`` of each word class. ``judged_sft_pairs`` / ``judged_sft_steps``:
+    the judged systems include each base fine-tuned on this many QE-split pairs (its checkpoints at
+    half and all of the steps); every judged source gets a ``judged_share`` of the (system, decoding)
+    outputs and ``judged_k`` samples of one system. ``heldout_k``: samples per held-out source for the
+    within-source correlation."""
+
+    splits: dict
+    labelled: float
+    pretrain: int
+    pretrain_dev: int
+    common_fraction: float
     shared_vocab: int  # XLM-R / mBART-50 SentencePiece pieces (upper bound)
     nllb_vocab: int
     model: dict  # tiny_config keyword arguments
@@ -50,11 +80,22 @@ class WorldSize:
     batch_size: int
     lr: float
     warmup: int
+    judged_sft_pairs: int
+    judged_sft_steps: int
+    judged_share: float
+    judged_k: int
+    heldout_k: int
+    qe_fit: dict  # train_qe overrides for the three QEs
+    weaker_kiwis: dict  # name -> share of kiwi's rows: the QE-strength study's weaker estimators
 
 
 SIZES = {
     "default": WorldSize(
-        splits={"train": 3000, "mono": 20000, "dev": 300, "test": 500, "qe": 4000},
+        splits={"train": 10000, "dev": 300, "test": 500, "qe": 8000, "judge": 3000, "qe_heldout": 400},
+        labelled=0.2,
+        pretrain=1000,
+        pretrain_dev=200,
+        common_fraction=0.05,
         shared_vocab=4000,
         nllb_vocab=3000,
         model=dict(d_model=64, layers=2, heads=4, ffn=256, max_positions=128, dropout=0.1),
@@ -62,9 +103,20 @@ SIZES = {
         batch_size=32,
         lr=3e-3,
         warmup=100,
+        judged_sft_pairs=1500,
+        judged_sft_steps=300,
+        judged_share=0.3,
+        judged_k=3,
+        heldout_k=5,
+        qe_fit={},
+        weaker_kiwis={"kiwi-weak": 0.05, "kiwi-medium": 0.2},
     ),
     "micro": WorldSize(
-        splits={"train": 200, "mono": 200, "dev": 16, "test": 16, "qe": 60},
+        splits={"train": 200, "dev": 16, "test": 16, "qe": 60, "judge": 30, "qe_heldout": 12},
+        labelled=0.5,
+        pretrain=80,
+        pretrain_dev=8,
+        common_fraction=0.3,
         shared_vocab=400,
         nllb_vocab=300,
         model=dict(d_model=32, layers=1, heads=2, ffn=64, max_positions=64, dropout=0.1),
@@ -72,6 +124,13 @@ SIZES = {
         batch_size=16,
         lr=1e-3,
         warmup=5,
+        judged_sft_pairs=20,
+        judged_sft_steps=4,
+        judged_share=0.3,
+        judged_k=2,
+        heldout_k=3,
+        qe_fit={"epochs": 1},
+        weaker_kiwis={},
     ),
 }
 
@@ -84,10 +143,16 @@ def is_built(world: Path) -> bool:
     return (Path(world) / "manifest.json").is_file()
 
 
-def build(world_dir: str | Path, seed: int = 0, size: str = "default", force: bool = False) -> Path:
+def build(world_dir: str | Path, seed: int = 0, size: str = "default", force: bool = False, qe: str = "auto",
+          shipped: str | Path = SHIPPED_QE) -> Path:
+    """Build the world in ``world_dir``. ``qe``: "auto" copies the QEs shipped in ``shipped`` when they
+    were built from this build's inputs (the same seed, size, data, tokenizers and bases), else
+    trains them; "build" always trains them."""
     world = Path(world_dir)
     if size not in SIZES:
         raise QeebmError(f"unknown tiny-world size {size!r}; expected one of {', '.join(SIZES)}")
+    if qe not in ("auto", "build"):
+        raise QeebmError(f"unknown QE source {qe!r}; expected auto or build")
     if is_built(world) and not force:
         log.info("tiny world already built in %s (manifest.json present); use --force to rebuild", world)
         return world
@@ -106,25 +171,32 @@ def build(world_dir: str | Path, seed: int = 0, size: str = "default", force: bo
     write_tokenizers(world / "tokenizers", splits, seed, spec)
     timings["tokenizers_s"] = time.perf_counter() - t
 
+    shipped = shipped_qe_matches(Path(shipped), world, seed, size) if qe == "auto" else None
     t = time.perf_counter()
-    base_metrics, candidates = train_bases(world, [p.src for p in splits["qe"]], seed, spec)
-    # The workers also translate the QE split for step 4; that part is timed there.
-    timings["qe_candidates_s"] = max(m.pop("qe_candidates_s") for m in base_metrics.values())
-    timings["base_translators_s"] = time.perf_counter() - t - timings["qe_candidates_s"]
+    workers = train_bases(world, seed, spec, judged=shipped is None)
+    base_metrics = {f: w["test"] for f, w in workers.items()}
+    timings["base_translators_s"] = max(w["base_s"] for w in workers.values())
+    if shipped is None:
+        timings["judged_systems_s"] = max(w["judged_s"] for w in workers.values())
 
     t = time.perf_counter()
-    qe_report = train_quality_estimators(world, splits, candidates, seed, size)
+    if shipped is not None:
+        qe_report = copy_shipped_qe(shipped, world)
+        log.info("quality estimators: the shipped ones (%s), built from this world's inputs", shipped)
+    else:
+        qe_report = train_quality_estimators(world, splits, workers, seed, spec)
     timings["qe_s"] = time.perf_counter() - t
 
     timings["total_s"] = time.perf_counter() - start
-    build_log = {"timings": timings, "base": base_metrics, "qe": qe_report}
+    build_log = {"timings": timings, "base": base_metrics, "qe": qe_report, "qe_source": "shipped" if shipped else "built"}
     (world / "build_log.json").write_text(json.dumps(build_log, indent=2) + "\n")
     manifest = {
         "seed": seed,
         "size": size,
         "splits": {k: len(v) for k, v in splits.items()},
         "base_test": base_metrics,
-        "qe_correlation": {k: {m: round(v[m], 4) for m in ("pearson", "spearman")} for k, v in qe_report.items()},
+        "qe_report": {k: {m: round(v[m], 4) for m in ("pearson", "spearman", "within_source_pearson")}
+                      for k, v in qe_report.items() if k in QE_MODELS},
         "files": hash_tree(world),
     }
     tmp = world / "manifest.json.tmp"
@@ -136,17 +208,32 @@ def build(world_dir: str | Path, seed: int = 0, size: str = "default", force: bo
     return world
 
 
+# ----------------------------------------------------------------------------------------------
+# 1-2. Data and tokenizers
+
+
 def write_data(out: Path, seed: int, spec: WorldSize) -> dict:
+    """Every split, as files: the task (train.tsv = the labelled share, mono.txt = every training
+    source, train_all.tsv = every training pair, the "all pairs labelled" ceiling), dev, test, the
+    bases' corpus (pretrain.tsv, pretrain_dev.tsv) and the judged sentences (qe.tsv, judge.tsv,
+    qe_heldout.tsv). Returns the splits as lists of pairs."""
     from qeebm.data import write_lines, write_tsv
-    from qeebm.tinyworld.language import build_splits
+    from qeebm.tinyworld.language import build_splits, narrow_pairs
 
     splits = build_splits(seed, dict(spec.splits))
-    for name in ("train", "dev", "test", "qe"):
-        write_tsv(out / f"{name}.tsv", [p.src for p in splits[name]], [p.tgt for p in splits[name]])
-    # The pool is source-only; its references are kept apart for analysis, never for training.
-    write_lines(out / "mono.txt", [p.src for p in splits["mono"]])
-    write_tsv(out / "mono_ref.tsv", [p.src for p in splits["mono"]], [p.tgt for p in splits["mono"]])
-    log.info("data: %s", ", ".join(f"{k} {len(v)}" for k, v in splits.items()))
+    taken = {p.src for pairs in splits.values() for p in pairs}
+    pre = narrow_pairs(spec.pretrain + spec.pretrain_dev, seed + 1000, spec.common_fraction, exclude=taken)
+    splits["pretrain"], splits["pretrain_dev"] = pre[:spec.pretrain], pre[spec.pretrain:]
+    n_labelled = round(spec.labelled * len(splits["train"]))
+    files = {"train": splits["train"][:n_labelled], "train_all": splits["train"]}
+    files |= {name: splits[name] for name in ("dev", "test", "pretrain", "pretrain_dev", "qe", "judge", "qe_heldout")}
+    for name, pairs in files.items():
+        write_tsv(out / f"{name}.tsv", [p.src for p in pairs], [p.tgt for p in pairs])
+    # The pool is every training source, the labelled ones included (as published); the references
+    # of the pool are kept apart for analysis, never for training.
+    write_lines(out / "mono.txt", [p.src for p in splits["train"]])
+    write_tsv(out / "mono_ref.tsv", [p.src for p in splits["train"]], [p.tgt for p in splits["train"]])
+    log.info("data: %s; %d labelled", ", ".join(f"{k} {len(v)}" for k, v in splits.items()), n_labelled)
     return splits
 
 
@@ -159,7 +246,7 @@ def write_tokenizers(out: Path, splits: dict, seed: int, spec: WorldSize) -> Non
     )
 
     # Both languages, as the real multilingual vocabularies cover both sides.
-    texts = [t for name in ("train", "mono") for p in splits[name] for t in (p.src, p.tgt)]
+    texts = [t for name in ("pretrain", "train", "qe") for p in splits[name] for t in (p.src, p.tgt)]
     shared = train_sentencepiece(texts, out / "spm-shared.model", spec.shared_vocab, seed)
     nllb = train_sentencepiece(texts, out / "spm-nllb.model", spec.nllb_vocab, seed + 1)
     build_xlmr_tokenizer(shared, out / "xlmr")
@@ -167,24 +254,33 @@ def write_tokenizers(out: Path, splits: dict, seed: int, spec: WorldSize) -> Non
     build_nllb_tokenizer(nllb, out / "nllb")
 
 
-def base_config(world: Path, seed: int, spec: WorldSize, init_dir: Path, run_dir: Path):
+# ----------------------------------------------------------------------------------------------
+# 3. Base translators (and the judged systems' outputs, in the same worker)
+
+
+def translator_config(world: Path, seed: int, spec: WorldSize, init_dir: Path, run_dir: Path, *, train: Path,
+                      dev: Path, steps: int, lr: float, warmup: int, save_every: int, keep_last: int = 1):
+    """The loop's settings for the build's own translator training on the ``train`` pairs, selected
+    on the ``dev`` pairs; greedy dev decoding keeps validation cheap."""
     overrides = [
         f"seed={seed}",
         f"model.name_or_path={init_dir}",
         *data_path_overrides(world / "data"),
-        f"optim.lr={spec.lr}",
-        f"optim.warmup_steps={spec.warmup}",
-        f"optim.max_steps={spec.train_steps}",
+        f"data.train.path={train}",
+        f"data.dev.path={dev}",
+        f"optim.lr={lr}",
+        f"optim.warmup_steps={warmup}",
+        f"optim.max_steps={steps}",
         f"optim.batch_size={spec.batch_size}",
         "optim.max_grad_norm=1.0",
         "optim.weight_decay=0.0",
         "optim.scheduler=linear",
-        # Greedy dev decoding keeps validation cheap; the final test score uses beam search.
         "generation.num_beams=1",
-        f"eval.every={max(spec.train_steps // 2, 1)}",
+        f"eval.every={max(steps // 2, 1)}",
         "eval.metric=chrf",
         f"output.run_dir={run_dir}",
-        f"output.save_every={spec.train_steps}",
+        f"output.save_every={save_every}",
+        f"output.keep_last={keep_last}",
         "output.resume=false",
         "logging.report_to=[]",
         "logging.progress_bar=false",
@@ -192,30 +288,34 @@ def base_config(world: Path, seed: int, spec: WorldSize, init_dir: Path, run_dir
     return load_config(overrides=overrides)
 
 
-def train_bases(world: Path, qe_src: list[str], seed: int, spec: WorldSize) -> tuple[dict, dict]:
-    """Both base translators at once, each in its own process on one thread: the build takes half
+def train_bases(world: Path, seed: int, spec: WorldSize, judged: bool) -> dict:
+    """Both base translators at once, each in its own process on one thread (the build takes half
     the time on two cores, and one thread per model makes the weights bitwise reproducible whatever
-    the machine's core count."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
+    the machine's core count); with ``judged``, each worker then translates the judged sentences."""
     # spawn: a forked child would inherit torch's thread pool and any accelerate state of the parent.
     with ProcessPoolExecutor(max_workers=len(FAMILIES), mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = {f: pool.submit(_train_base_worker, str(world), f, qe_src, seed, spec) for f in FAMILIES}
-        results = {family: future.result() for family, future in futures.items()}
-    return {f: r[0] for f, r in results.items()}, {f: r[1] for f, r in results.items()}
+        futures = {f: pool.submit(_family_worker, str(world), f, seed, spec, judged) for f in FAMILIES}
+        return {family: future.result() for family, future in futures.items()}
 
 
-def _train_base_worker(world: str, family: str, qe_src: list[str], seed: int, spec: WorldSize):
+def _family_worker(world: str, family: str, seed: int, spec: WorldSize, judged: bool) -> dict:
     torch.set_num_threads(1)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {family} %(name)s %(levelname)s %(message)s",
                         datefmt="%H:%M:%S")
-    return train_base(Path(world), family, qe_src, seed, spec)
+    world_ = Path(world)
+    t = time.perf_counter()
+    test = train_base(world_, family, seed, spec)
+    out = {"test": test, "base_s": time.perf_counter() - t}
+    if judged:
+        t = time.perf_counter()
+        out |= judged_outputs(world_, family, seed, spec)
+        out["judged_s"] = time.perf_counter() - t
+    return out
 
 
-def train_base(world: Path, family: str, qe_src: list[str], seed: int, spec: WorldSize) -> tuple[dict, list]:
-    """Random init -> SFT on the labelled set -> ``DIR/<family>-base`` (the best dev checkpoint).
-    Returns its test BLEU / chrF++ and its outputs for the QE sources."""
+def train_base(world: Path, family: str, seed: int, spec: WorldSize) -> dict:
+    """Random init -> the pretraining corpus -> ``DIR/<family>-base`` (the best checkpoint by chrF++
+    on the corpus's own dev set, never the task's). Returns its test BLEU / chrF++ on the task."""
     from qeebm.data import read_corpus
     from qeebm.evaluate import corpus_metrics, translate_corpus
     from qeebm.loop import train
@@ -225,74 +325,286 @@ def train_base(world: Path, family: str, qe_src: list[str], seed: int, spec: Wor
     tok_dir = world / "tokenizers" / ("nllb" if family == "nllb" else "mbart50")
     init_dir = world / "runs" / f"{family}-init"
     build_tiny_translator(family, tok_dir, init_dir, seed=seed, **spec.model)
-    run_dir = world / "runs" / f"{family}-base"
-    cfg = base_config(world, seed, spec, init_dir, run_dir)
+    # Checkpoints at each quarter are kept: the judged systems include the base as it learnt.
+    data = world / "data"
+    cfg = translator_config(world, seed, spec, init_dir, world / "runs" / f"{family}-base", train=data / "pretrain.tsv",
+                            dev=data / "pretrain_dev.tsv", steps=spec.train_steps, lr=spec.lr, warmup=spec.warmup,
+                            save_every=max(spec.train_steps // 4, 1), keep_last=4)
     result = train(cfg)
-    out = world / f"{family}-base"
-    shutil.copytree(result.best_path, out)
-
-    cfg.model.name_or_path = str(out)
+    shutil.copytree(result.best_path, world / f"{family}-base")
+    cfg.model.name_or_path = str(world / f"{family}-base")
     translator = Translator.load(cfg.model)
     test = read_corpus(cfg.data.test, "test", need_target=True)
     cfg.generation.num_beams = 5
-    hyps = translate_corpus(translator, test.src, cfg.generation)
-    t = time.perf_counter()
-    candidates = qe_candidates(translator, qe_src, seed)
-    return corpus_metrics(hyps, test.tgt) | {"qe_candidates_s": time.perf_counter() - t}, candidates
+    return corpus_metrics(translate_corpus(translator, test.src, cfg.generation), test.tgt)
 
 
-def quality_triples(pairs: list, candidates: list[list[str]], seed: int) -> list[tuple[str, str, str, float]]:
-    """(src, mt, ref, quality) rows for the QE training data: per source, the base translators'
-    outputs (``candidates``), one corrupted reference and, for one source in ten, the reference
-    itself; quality is sentence chrF++ against the reference, scaled to [0, 1]."""
-    import random
+def judged_systems(world: Path, family: str, seed: int, spec: WorldSize) -> dict:
+    """name -> Translator: the base at a quarter and half of its training and at its best, and the
+    base fine-tuned on the first ``judged_sft_pairs`` pairs of the QE split at half and all of its
+    steps (those pairs are then not judged: ``judged_outputs``)."""
+    from qeebm.checkpoint import load_model, step_dir
+    from qeebm.config import ModelConfig
+    from qeebm.data import write_tsv
+    from qeebm.loop import train
+    from qeebm.translator import Translator
 
-    import sacrebleu
+    init = world / "runs" / f"{family}-init"
+    systems = {}
+    for quarter in (1, 2):
+        tr = Translator.load(ModelConfig(name_or_path=str(init)))
+        load_model(step_dir(world / "runs" / f"{family}-base" / "checkpoints", quarter * max(spec.train_steps // 4, 1)), tr.model)
+        systems[f"{family}-base@{quarter}q"] = tr
+    systems[f"{family}-base"] = Translator.load(ModelConfig(name_or_path=str(world / f"{family}-base")))
+    # The base fine-tuned like the methods' SFT runs, on pairs the task never sees.
+    from qeebm.data import read_corpus
+    from qeebm.config import CorpusConfig
 
-    from qeebm.tinyworld.language import CORRUPTIONS, corrupt
+    qe = read_corpus(CorpusConfig(path=str(world / "data" / "qe.tsv")), "qe", need_target=True)
+    n = spec.judged_sft_pairs
+    pairs = world / "runs" / f"{family}-judged-sft.tsv"
+    write_tsv(pairs, qe.src[:n], qe.tgt[:n])
+    steps = spec.judged_sft_steps
+    cfg = translator_config(world, seed, spec, world / f"{family}-base", world / "runs" / f"{family}-judged-sft",
+                            train=pairs, dev=world / "data" / "pretrain_dev.tsv", steps=steps, lr=5e-4,
+                            warmup=max(steps // 10, 1), save_every=max(steps // 2, 1), keep_last=2)
+    train(cfg)
+    for half in (1, 2):
+        tr = Translator.load(ModelConfig(name_or_path=str(world / f"{family}-base")))
+        load_model(step_dir(world / "runs" / f"{family}-judged-sft" / "checkpoints", half * max(steps // 2, 1)), tr.model)
+        systems[f"{family}-sft@{half}h"] = tr
+    for tr in systems.values():
+        tr.model.eval()
+    return systems
 
-    rng = random.Random(seed)
-    chrf = sacrebleu.metrics.CHRF(word_order=2)
-    triples = []
-    for pair, outputs in zip(pairs, candidates):
-        mts = list(outputs) + [corrupt(pair, rng.choice(CORRUPTIONS), rng)]
-        if rng.random() < 0.1:
-            mts.append(pair.tgt)
-        for mt in dict.fromkeys(mts):  # a repeated output is one training row, not several
-            triples.append((pair.src, mt, pair.tgt, chrf.sentence_score(mt, [pair.tgt]).score / 100))
-    return triples
 
+def judged_outputs(world: Path, family: str, seed: int, spec: WorldSize) -> dict:
+    """This family's systems' translations of the judged sentences (``qe`` past the pairs the
+    fine-tuned system learnt from, ``judge``) and their held-out samples (``qe_heldout``: the base
+    and the fine-tuned system, K samples and the greedy output each)."""
+    from qeebm.config import CorpusConfig
+    from qeebm.data import read_corpus
+    from qeebm.tinyworld.judged import heldout_samples, system_outputs
+    from qeebm.tinyworld.language import Pair
 
-def qe_candidates(translator, src: list[str], seed: int) -> list[list[str]]:
-    """A greedy output and an ancestral sample of ``translator`` for every source."""
-    from qeebm.config import GenerationConfig
-
-    out: list[list[str]] = [[] for _ in src]
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        for gen in (GenerationConfig(num_beams=1, batch_size=128),
-                    GenerationConfig(num_beams=1, do_sample=True, batch_size=128)):
-            for i, hyp in enumerate(translator.generate(src, gen)):
-                out[i].append(hyp)
+    systems = judged_systems(world, family, seed, spec)
+    read = lambda name: read_corpus(CorpusConfig(path=str(world / "data" / f"{name}.tsv")), name, need_target=True)  # noqa: E731
+    out = {}
+    family_seed = seed + FAMILIES.index(family) * 101
+    for name in ("qe", "judge"):
+        corpus = read(name)
+        src = corpus.src[spec.judged_sft_pairs:] if name == "qe" else corpus.src
+        out[f"outputs_{name}"] = system_outputs(systems, src, spec.judged_share, family_seed + len(out), k=spec.judged_k)
+    held = read("qe_heldout")
+    pairs = [Pair(s, t) for s, t in zip(held.src, held.tgt)]
+    chosen = {name: systems[name] for name in (f"{family}-base", f"{family}-sft@2h")}
+    out["heldout_samples"] = [r.__dict__ for r in heldout_samples(chosen, pairs, spec.heldout_k, family_seed)]
     return out
 
 
-def train_quality_estimators(world: Path, splits: dict, candidates: dict, seed: int, size: str) -> dict:
-    from qeebm.qe.heldout import write_judged
-    from qeebm.qe.tiny import fit_tiny_quality_estimators
+# ----------------------------------------------------------------------------------------------
+# 4. Quality estimators
 
-    per_source = [sum((candidates[f][i] for f in FAMILIES), []) for i in range(len(splits["qe"]))]
-    triples = quality_triples(splits["qe"], per_source, seed)
-    # Held out by source, so no source is scored in both parts.
-    n_heldout = max(len(splits["qe"]) // 10, 4)
-    heldout_src = {p.src for p in splits["qe"][:n_heldout]}
-    train = [t for t in triples if t[0] not in heldout_src]
-    heldout = [t for t in triples if t[0] in heldout_src]
-    log.info("qe data: %d training and %d held-out (src, mt, quality) rows", len(train), len(heldout))
+
+def judged_data(world: Path, splits: dict, workers: dict, seed: int, spec: WorldSize):
+    """The judged rows each QE learns from ("qe": kiwi and comet, "judge"), the held-out rows they
+    are measured on (every kind of output), the translators' held-out samples and the degenerate
+    probes (``judged.report``)."""
+    from qeebm.tinyworld.judged import Judged, degenerate_probes, judged_rows
+
+    rows = {}
+    for name in ("qe", "judge"):
+        pairs = splits[name][spec.judged_sft_pairs:] if name == "qe" else splits[name]
+        # Both families' outputs of each source.
+        outputs = [sum((workers[f][f"outputs_{name}"][i] for f in FAMILIES), []) for i in range(len(pairs))]
+        rows[name] = judged_rows(pairs, outputs, seed + (0 if name == "qe" else 1))
+    held_pairs = splits["qe_heldout"]
+    samples = [Judged(**r) for f in FAMILIES for r in workers[f]["heldout_samples"]]
+    # Held-out rows of every kind: the translators' outputs, corruptions, degenerates, references.
+    by_src: dict = {}
+    for r in samples:
+        by_src.setdefault(r.src, []).append((r.origin, r.mt))
+    heldout = judged_rows(held_pairs, [by_src.get(p.src, []) for p in held_pairs], seed + 2)
+    return rows, heldout, samples, degenerate_probes(held_pairs, seed + 3)
+
+
+def train_quality_estimators(world: Path, splits: dict, workers: dict, seed: int, spec: WorldSize) -> dict:
+    """The three QEs in two processes (kiwi; comet then judge), then their report."""
+    from qeebm.qe.heldout import write_judged
+
+    rows, heldout, samples, probes = judged_data(world, splits, workers, seed, spec)
+    log.info("judged data: %s rows; %d held-out rows, %d held-out samples",
+             ", ".join(f"{k} {len(v)}" for k, v in rows.items()), len(heldout), len(samples))
+    qe_dir = world / "qe"
     # Kept, so that a QE trained later (QE-dynamic's qe.heldout_path) is judged on the same rows.
-    write_judged(world / "qe" / "heldout.tsv", heldout)
-    fit = {"epochs": 1} if size == "micro" else None
-    return fit_tiny_quality_estimators(world / "qe", world / "tokenizers" / "xlmr", train, heldout, seed=seed, fit=fit)
+    write_judged(qe_dir / "heldout.tsv", [r.row() for r in heldout])
+    # And what they learnt from, with each row's origin (judged.Judged), for studies of the QEs.
+    for name, judged in rows.items():
+        write_judged(qe_dir / f"train_{name}.tsv", [r.row() for r in judged], origins=[r.origin for r in judged])
+    tok = world / "tokenizers" / "xlmr"
+    # Weaker kiwis for the QE-strength study (scripts/qe_strength.py): the same model on a random
+    # share of the same rows.
+    weaker = [(name, random.Random(seed + 7).sample(rows["qe"], max(1, round(share * len(rows["qe"])))))
+              for name, share in spec.weaker_kiwis.items()]
+    # Two processes of about equal work: comet encodes three segments a row.
+    plan = {"kiwis": [("kiwi", rows["qe"]), *weaker, ("judge", rows["judge"])], "comet": [("comet", rows["qe"])]}
+    with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = [pool.submit(_fit_worker, str(qe_dir), str(tok), [(n, [r.row() for r in rs]) for n, rs in jobs],
+                               seed, spec.qe_fit) for jobs in plan.values()]
+        fitted = {name: rec for future in futures for name, rec in future.result().items()}
+    return qe_report(qe_dir, fitted, heldout, samples, probes)
+
+
+def _fit_worker(qe_dir: str, tok: str, jobs: list, seed: int, fit: dict) -> dict:
+    from qeebm.qe.tiny import TINY_QES, fit_tiny_qe
+
+    torch.set_num_threads(1)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s qe %(name)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
+    return {name: fit_tiny_qe(name, Path(qe_dir) / name, tok, rows, seed, fit=fit,
+                              spec=TINY_QES.get(name, TINY_QES["kiwi"]))
+            for name, rows in jobs}
+
+
+def qe_report(qe_dir: Path, fitted: dict, heldout, samples, probes) -> dict:
+    """Each QE's ``judged.report`` on the held-out sentences (COMET with the reference), written to
+    ``qe/qe_report.json`` without timings, so the same seed writes the same file."""
+    from qeebm.qe.models import load_qe, qe_kind
+    from qeebm.qe.scoring import QEScorer
+    from qeebm.tinyworld.judged import report
+
+    out = {}
+    for name, record in fitted.items():
+        model = load_qe(str(qe_dir / name))
+        scorer = QEScorer(model, batch_size=128)
+        if qe_kind(model) == "comet":
+            ref_of = {r.src: r.ref for r in heldout}
+            scorer = _WithReferences(scorer, ref_of)
+        out[name] = record | report(scorer, heldout, samples, probes)
+        log.info("tiny QE %s: held-out Pearson %.3f, Spearman %.3f; translator outputs %.3f; within source %.3f",
+                 name, out[name]["pearson"], out[name]["spearman"], out[name]["outputs_pearson"],
+                 out[name]["within_source_pearson"])
+    stable = {k: {f: v for f, v in r.items() if f not in ("seconds", "path")} for k, r in out.items()}
+    (qe_dir / "qe_report.json").write_text(json.dumps(stable, indent=2, sort_keys=True) + "\n")
+    return out
+
+
+class _WithReferences:
+    """A reference-based scorer seen through the reference-free ``score(src, mt)`` call."""
+
+    def __init__(self, scorer, ref_of: dict):
+        self.scorer, self.ref_of = scorer, ref_of
+
+    def score(self, src, mt):
+        return self.scorer.score(src, mt, [self.ref_of[s] for s in src])
+
+
+# ----------------------------------------------------------------------------------------------
+# The shipped QEs
+
+
+def qe_inputs_digest(world: Path) -> str:
+    """sha256 over what the QEs are built from: the QE tokenizer, every data file, and the base
+    translators (whose checkpoints translate the judged sentences): a QE built from the same digest
+    is the QE this build would train."""
+    h = hashlib.sha256()
+    files = hash_tree(world)
+    for key in sorted(files):
+        if key.startswith(("tokenizers/", "data/", "nllb-base/", "mbart-base/")):
+            h.update(f"{key}={files[key]}\n".encode())
+    return h.hexdigest()
+
+
+def shipped_qe_matches(shipped: Path, world: Path, seed: int, size: str) -> Path | None:
+    """``shipped`` when its QEs were built with this seed and size from data and tokenizers equal to
+    this build's (the bases are checked after they are trained: ``copy_shipped_qe``)."""
+    source = shipped / "source.json"
+    if not source.is_file():
+        return None
+    recorded = json.loads(source.read_text())
+    files = hash_tree(world)
+    data = {k: v for k, v in files.items() if k.startswith(("tokenizers/", "data/"))}
+    if recorded.get("seed") != seed or recorded.get("size") != size or recorded.get("data_files") != data:
+        log.info("the shipped QEs in %s were built from other inputs: building them (several minutes)", shipped)
+        return None
+    return shipped
+
+
+def shipped_models(qe_dir: Path) -> list[str]:
+    """The QE model directories in ``qe_dir``: the three of every world, and the weaker kiwis."""
+    return [d.name for d in sorted(Path(qe_dir).iterdir()) if (d / "hparams.yaml").is_file()]
+
+
+# What of a QE directory is shipped: its weights and settings; the encoder's tokenizer is the world's
+# own (tokenizers/xlmr) and is attached again on copy.
+SHIPPED_FILES = ("hparams.yaml", "checkpoints/model.ckpt", "encoder/config.json")
+
+
+def copy_shipped_qe(shipped: Path, world: Path) -> dict:
+    """Copy the shipped QEs into ``world/qe`` with the world's QE tokenizer, saved again so that
+    their hparams name this world's paths."""
+    from transformers import XLMRobertaConfig, XLMRobertaTokenizerFast
+
+    from qeebm.qe.models import load_qe, save_qe
+
+    recorded = json.loads((shipped / "source.json").read_text())
+    if recorded["inputs_digest"] != qe_inputs_digest(world):
+        raise QeebmError(f"{shipped}: the base translators of this build differ from those the shipped QEs' data "
+                         "came from; rebuild with `qeebm tinyworld build DIR --qe build` (or `qeebm tinyworld build-qe`)")
+    qe_dir = world / "qe"
+    for name in shipped_models(shipped):
+        staging = qe_dir / f"{name}.shipped"
+        for rel in SHIPPED_FILES:
+            (staging / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(shipped / name / rel, staging / rel)
+        tok = XLMRobertaTokenizerFast.from_pretrained(str(world / "tokenizers" / "xlmr"))
+        tok.model_max_length = XLMRobertaConfig.from_pretrained(str(staging / "encoder")).max_position_embeddings - 2
+        tok.save_pretrained(staging / "encoder")
+        save_qe(load_qe(str(staging)), qe_dir / name)
+        shutil.rmtree(staging)
+    shutil.copy(shipped / "heldout.tsv", qe_dir / "heldout.tsv")
+    shutil.copy(shipped / "qe_report.json", qe_dir / "qe_report.json")
+    return json.loads((shipped / "qe_report.json").read_text())
+
+
+def ship_qe(out: str | Path = SHIPPED_QE, seed: int = 0, size: str = "default", work: str | Path | None = None) -> Path:
+    """``qeebm tinyworld build-qe``: build a world with its QEs trained (``qe="build"``) and keep the
+    QEs' weights and settings, their held-out rows and report, and the digests of their inputs in
+    ``out``."""
+    import tempfile
+
+    out = Path(out)
+    with tempfile.TemporaryDirectory() as tmp:
+        world = build(Path(work) if work else Path(tmp) / "world", seed=seed, size=size, force=True, qe="build")
+        staging = out.with_name(out.name + ".tmp")
+        shutil.rmtree(staging, ignore_errors=True)
+        for name in shipped_models(world / "qe"):
+            for rel in SHIPPED_FILES:
+                (staging / name / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy(world / "qe" / name / rel, staging / name / rel)
+        shutil.copy(world / "qe" / "heldout.tsv", staging / "heldout.tsv")
+        shutil.copy(world / "qe" / "qe_report.json", staging / "qe_report.json")
+        files = hash_tree(world)
+        source = {"seed": seed, "size": size, "code": _code_version(), "inputs_digest": qe_inputs_digest(world),
+                  "data_files": {k: v for k, v in files.items() if k.startswith(("tokenizers/", "data/"))},
+                  "qe_files": {k: v for k, v in files.items() if k.startswith("qe/")}}
+        (staging / "source.json").write_text(json.dumps(source, indent=2, sort_keys=True) + "\n")
+        shutil.rmtree(out, ignore_errors=True)
+        staging.rename(out)
+    return out
+
+
+def _code_version() -> str:
+    """The commit of this checkout, when there is one (the QEs' weights depend on the sampler's code)."""
+    import subprocess
+
+    from qeebm import __version__
+
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
+                                text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit = ""
+    return f"qeebm {__version__}" + (f" @ {commit}" if commit else "")
 
 
 def hash_tree(world: Path) -> dict[str, str]:
