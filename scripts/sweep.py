@@ -2,14 +2,14 @@
 
     python scripts/sweep.py --world data/tinyworld --out runs/sweep
 
-Every method gets four settings, each trained with the demo's budget (``qeebm/demo.py``: 120 steps,
-batch 16, seed 42, validation every 60 steps on the whole dev set) from the same base. A setting's
-score is its best validation chrF++ on dev, the demo's selection metric (not the Kiwi the QE methods
-train against, which would favour them). The test set is not read. The winners are what
+Every method gets four settings, each trained under the demo's protocol (``qeebm/demo.py``:
+``budget`` and ``run_overrides``; seed 42) from the same base: the learning rate for all (two
+values, or four for SFT, which has nothing else to tune), crossed with the method's own knob: the
+energy's weight rho for QE-EBM (relative weighting), the policy-gradient weight beta for REINFORCE,
+the KL target for PPO, the pseudo-target weight for QE finetuning. A setting's score is its best
+validation on dev, by the selection metric (``--metric``: ``kiwi``, the published selection, or
+``chrf``); both are in the table. The test set is not read. The winners are what
 ``recipes/configs/tiny_*.yaml`` use; the table goes to ``OUT/sweep.md`` and ``OUT/sweep.json``.
-
-REINFORCE's and PPO's settings come from their own sweep (docs/rl_baselines.md); ``--methods``
-chooses which methods run here.
 """
 
 from __future__ import annotations
@@ -29,22 +29,27 @@ except ImportError:  # run from a checkout without `pip install -e .`
 
 from qeebm.demo import SYSTEMS, _train_worker, budget, run_overrides
 
-# system -> four settings (label, overrides): the learning rate for SFT and QE finetuning, the
-# energy's weight for QE-EBM (the published absolute beta and three relative weights).
-_ENERGY = [("beta 0.001 (published)", ["qe_ebm.weighting=absolute", "qe_ebm.beta_max=0.001"]),
-           *[(f"rho {rho:g}", ["qe_ebm.weighting=relative", f"qe_ebm.rho={rho:g}"]) for rho in (0.03, 0.1, 0.3)]]
+LRS = (1e-3, 2e-3)
+
+
+def _grid(knob: str, values, label: str) -> list[tuple[str, list[str]]]:
+    return [(f"lr {lr:g}, {label} {v:g}", [f"optim.lr={lr:g}", f"{knob}={v:g}"]) for lr in LRS for v in values]
+
+
+# system -> four settings (label, overrides)
 GRID = {
-    "sft": [(f"lr {lr:g}", [f"optim.lr={lr:g}"]) for lr in (1e-4, 2e-4, 5e-4, 1e-3)],
-    "qe-ebm-static": _ENERGY,
-    "qe-ebm-dynamic": _ENERGY,
-    "qe-finetune": [(f"lr {lr:g}", [f"optim.lr={lr:g}"]) for lr in (1e-4, 2e-4, 5e-4, 1e-3)],
+    "sft": [(f"lr {lr:g}", [f"optim.lr={lr:g}"]) for lr in (5e-4, 1e-3, 2e-3, 4e-3)],
+    "qe-ebm-static": _grid("qe_ebm.rho", (0.3, 1.0), "rho"),
+    "qe-ebm-dynamic": _grid("qe_ebm.rho", (0.3, 1.0), "rho"),
+    "reinforce": _grid("reinforce.beta", (0.3, 1.0), "beta"),
+    "ppo": _grid("ppo.kl_target", (1.0, 4.0), "KL target"),
+    "qe-finetune": _grid("qe_finetune.beta", (0.5, 1.0), "beta"),
 }
 
 
-def best_dev(run_dir: Path) -> tuple[float, int]:
+def best_dev(run_dir: Path, metric: str) -> tuple[float, int]:
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
-    vals = [(r["val/chrf"], r["step"]) for r in rows if "val/chrf" in r]
-    return max(vals)
+    return max((r[f"val/{metric}"], r["step"]) for r in rows if f"val/{metric}" in r)
 
 
 def main(argv=None) -> int:
@@ -52,6 +57,8 @@ def main(argv=None) -> int:
     p.add_argument("--world", default="data/tinyworld", help="a built tiny world (default %(default)s)")
     p.add_argument("--out", default="runs/sweep", help="output directory (default %(default)s)")
     p.add_argument("--methods", default=",".join(GRID), help="which systems (default: %(default)s)")
+    p.add_argument("--metric", default="kiwi", choices=["kiwi", "chrf"], help="what picks the winner (default %(default)s)")
+    p.add_argument("--base", default="nllb", choices=["nllb", "mbart"])
     p.add_argument("--workers", type=int, default=2, help="runs at a time, one thread each (default %(default)s)")
     args = p.parse_args(argv)
     names = [n.strip() for n in args.methods.split(",") if n.strip()]
@@ -64,21 +71,26 @@ def main(argv=None) -> int:
     runs = {(name, i): out / f"{name}-{i}" for name in names for i in range(len(GRID[name]))}
     with ProcessPoolExecutor(max_workers=args.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         futures = [pool.submit(_train_worker, f"{name}/{GRID[name][i][0]}", SYSTEMS[name],
-                               run_overrides(name, world, d, b, seed=42) + GRID[name][i][1])
+                               run_overrides(name, world, d, b, seed=42, base=args.base) + GRID[name][i][1])
                    for (name, i), d in runs.items() if not (d / "final").is_dir()]
         for future in futures:
             future.result()
-    lines = [f"Tuning sweep on dev: {b['steps']} steps, batch {b['batch_size']}, seed 42, from {world / 'nllb-base'}; "
-             "score = best validation chrF++ on the dev set (300 sentences, greedy).", "",
-             "| system | setting | dev chrF++ (step) | chosen |", "|:--|:--|--:|:--|"]
+    lines = [f"Tuning sweep on dev: the demo's protocol (at most {b['steps']} steps, batch {b['batch_size']}, validation "
+             f"every {b['every']} steps on the whole dev set, greedy), seed 42, from {world / (args.base + '-base')}; a "
+             f"setting's score is its best validation {args.metric} (both shown).", "",
+             "| system | setting | dev Kiwi x100 (step) | dev chrF++ (step) | chosen |", "|:--|:--|--:|--:|:--|"]
     result = {}
     for name in names:
-        scores = [best_dev(runs[(name, i)]) for i in range(len(GRID[name]))]
-        chosen = max(range(len(scores)), key=lambda i: scores[i][0])
-        result[name] = {"chosen": GRID[name][chosen][0], "settings": [
-            {"label": label, "overrides": o, "dev_chrf": s[0], "step": s[1]} for (label, o), s in zip(GRID[name], scores)]}
-        for i, ((label, _), (chrf, step)) in enumerate(zip(GRID[name], scores)):
-            lines.append(f"| {name} | {label} | {chrf:.2f} ({step}) | {'**yes**' if i == chosen else ''} |")
+        kiwi = [best_dev(runs[(name, i)], "kiwi") for i in range(len(GRID[name]))]
+        chrf = [best_dev(runs[(name, i)], "chrf") for i in range(len(GRID[name]))]
+        score = kiwi if args.metric == "kiwi" else chrf
+        chosen = max(range(len(score)), key=lambda i: score[i][0])
+        result[name] = {"chosen": GRID[name][chosen][0], "overrides": GRID[name][chosen][1], "settings": [
+            {"label": label, "overrides": o, "dev_kiwi": k[0], "kiwi_step": k[1], "dev_chrf": c[0], "chrf_step": c[1]}
+            for (label, o), k, c in zip(GRID[name], kiwi, chrf)]}
+        for i, ((label, _), k, c) in enumerate(zip(GRID[name], kiwi, chrf)):
+            lines.append(f"| {name} | {label} | {100 * k[0]:.2f} ({k[1]}) | {c[0]:.2f} ({c[1]}) | "
+                         f"{'**yes**' if i == chosen else ''} |")
     lines += ["", f"Wall time {time.perf_counter() - start:.0f} s."]
     text = "\n".join(lines) + "\n"
     (out / "sweep.md").write_text(text, encoding="utf-8")
