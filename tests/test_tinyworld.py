@@ -102,3 +102,37 @@ def test_a_finished_build_is_not_redone(micro_world):
     build(micro_world, seed=0, size="micro")
     assert is_built(micro_world)
     assert (micro_world / "manifest.json").stat().st_mtime_ns == stamp
+
+
+def test_shipped_qes_are_copied_only_into_a_world_built_from_their_inputs(micro_world, tmp_path):
+    from qeebm.qe.models import load_qe
+    from qeebm.qe.scoring import QEScorer
+    from qeebm.tinyworld.build import export_qe, shipped_qe_matches
+
+    shipped = export_qe(micro_world, tmp_path / "shipped")
+    # Weights and settings only: the tokenizer is the world's own.
+    assert not (shipped / "kiwi" / "encoder" / "tokenizer.json").exists()
+    world = build(tmp_path / "world", seed=0, size="micro", shipped=shipped)
+    assert json.loads((world / "build_log.json").read_text())["qe_source"] == "shipped"
+    src, mt = ["the cat sees a dog.", "i am here."], ["муур нохой харна.", "би энд байна."]
+    for name in ("kiwi", "judge"):
+        assert QEScorer(load_qe(str(world / "qe" / name))).score(src, mt) == \
+            QEScorer(load_qe(str(micro_world / "qe" / name))).score(src, mt)
+    # Another seed's data: the shipped QEs are not this build's.
+    assert shipped_qe_matches(shipped, world, seed=1, size="micro") is None
+    source = json.loads((shipped / "source.json").read_text())
+    source["data_files"]["data/train.tsv"] = "0" * 64
+    (shipped / "source.json").write_text(json.dumps(source))
+    assert shipped_qe_matches(shipped, world, seed=0, size="micro") is None
+
+
+def test_the_shipped_qes_were_built_from_this_codes_data_and_tokenizers(tmp_path):
+    # The default world's data and tokenizers take seconds to make; the bases (also in the QEs'
+    # inputs digest) minutes, so they are checked by every default build instead (copy_shipped_qe).
+    from qeebm.tinyworld.build import SHIPPED_QE, hash_tree, write_tokenizers
+
+    source = json.loads((SHIPPED_QE / "source.json").read_text())
+    spec = SIZES["default"]
+    splits = write_data(tmp_path / "data", source["seed"], spec)
+    write_tokenizers(tmp_path / "tokenizers", splits, source["seed"], spec)
+    assert {k: v for k, v in hash_tree(tmp_path).items() if k.startswith(("data/", "tokenizers/"))} == source["data_files"]

@@ -269,3 +269,20 @@ def test_teacher_forcing_starts_every_row_at_the_decoder_start_even_with_a_liter
     assert torch.equal(own, dec[1:])
     if family == "mbart":
         assert not torch.equal(mbart_shift(labels[:1].masked_fill(labels[:1] == -100, pad), pad), dec[:1])
+
+
+def test_nucleus_keeps_what_transformers_top_p_keeps():
+    from transformers import TopPLogitsWarper
+
+    from qeebm.translator import _Nucleus
+
+    torch.manual_seed(0)
+    # Peaked rows (the nucleus is a few tokens) and flat ones (more than the 256 entries searched).
+    scores = torch.cat([torch.randn(6, 3000) * 4, torch.randn(2, 3000) * 0.01])
+    scores[0, :5] = float("-inf")  # suppressed tokens stay out
+    for p in (0.5, 0.9, 0.99):
+        ours = _Nucleus(p)(None, scores)
+        theirs = TopPLogitsWarper(p)(None, scores)
+        assert torch.equal(torch.isinf(ours), torch.isinf(theirs)), p
+        assert torch.equal(ours[torch.isfinite(ours)], theirs[torch.isfinite(theirs)])
+    assert torch.isfinite(_Nucleus(0.9)(None, scores)[6:]).sum() > 2 * 256  # the flat rows took the full sort

@@ -567,29 +567,36 @@ def copy_shipped_qe(shipped: Path, world: Path) -> dict:
 
 
 def ship_qe(out: str | Path = SHIPPED_QE, seed: int = 0, size: str = "default", work: str | Path | None = None) -> Path:
-    """``qeebm tinyworld build-qe``: build a world with its QEs trained (``qe="build"``) and keep the
-    QEs' weights and settings, their held-out rows and report, and the digests of their inputs in
-    ``out``."""
+    """``qeebm tinyworld build-qe``: build a world with its QEs trained (``qe="build"``; in ``work``,
+    else a temporary directory) and ``export_qe`` them to ``out``."""
     import tempfile
 
-    out = Path(out)
     with tempfile.TemporaryDirectory() as tmp:
         world = build(Path(work) if work else Path(tmp) / "world", seed=seed, size=size, force=True, qe="build")
-        staging = out.with_name(out.name + ".tmp")
-        shutil.rmtree(staging, ignore_errors=True)
-        for name in shipped_models(world / "qe"):
-            for rel in SHIPPED_FILES:
-                (staging / name / rel).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy(world / "qe" / name / rel, staging / name / rel)
-        shutil.copy(world / "qe" / "heldout.tsv", staging / "heldout.tsv")
-        shutil.copy(world / "qe" / "qe_report.json", staging / "qe_report.json")
-        files = hash_tree(world)
-        source = {"seed": seed, "size": size, "code": _code_version(), "inputs_digest": qe_inputs_digest(world),
-                  "data_files": {k: v for k, v in files.items() if k.startswith(("tokenizers/", "data/"))},
-                  "qe_files": {k: v for k, v in files.items() if k.startswith("qe/")}}
-        (staging / "source.json").write_text(json.dumps(source, indent=2, sort_keys=True) + "\n")
-        shutil.rmtree(out, ignore_errors=True)
-        staging.rename(out)
+        return export_qe(world, out)
+
+
+def export_qe(world: str | Path, out: str | Path) -> Path:
+    """Keep a built world's QEs (their weights and settings), their held-out rows and report, and
+    the digests of their inputs (``source.json``) in ``out``, replaced as a whole."""
+    world, out = Path(world), Path(out)
+    manifest = json.loads((world / "manifest.json").read_text())
+    staging = out.with_name(out.name + ".tmp")
+    shutil.rmtree(staging, ignore_errors=True)
+    for name in shipped_models(world / "qe"):
+        for rel in SHIPPED_FILES:
+            (staging / name / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(world / "qe" / name / rel, staging / name / rel)
+    shutil.copy(world / "qe" / "heldout.tsv", staging / "heldout.tsv")
+    shutil.copy(world / "qe" / "qe_report.json", staging / "qe_report.json")
+    files = manifest["files"]
+    source = {"seed": manifest["seed"], "size": manifest["size"], "code": _code_version(),
+              "inputs_digest": qe_inputs_digest(world),
+              "data_files": {k: v for k, v in files.items() if k.startswith(("tokenizers/", "data/"))},
+              "qe_files": {k: v for k, v in files.items() if k.startswith("qe/")}}
+    (staging / "source.json").write_text(json.dumps(source, indent=2, sort_keys=True) + "\n")
+    shutil.rmtree(out, ignore_errors=True)
+    staging.rename(out)
     return out
 
 
