@@ -146,10 +146,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "train",
-        help="train a translator with one method (sft, ...)",
+        help="train a translator with one method (sft, qe-ebm, reinforce, ppo, qe-finetune)",
         description="Train with the method named by the config key 'method'. Settings: the dataclass "
-        "defaults, then --config YAML, then dotted overrides. Resumes from run_dir if it holds a checkpoint. "
-        "Multi-process: accelerate launch -m qeebm.cli train ...",
+        "defaults (qeebm/config.py), then --config YAML, then dotted overrides. Resumes from run_dir if it "
+        "holds a checkpoint. Multi-process: accelerate launch -m qeebm.cli train ...",
+        epilog="methods (method=NAME), and the config sections that set them:\n"
+        "  sft          CE on the labelled pairs                                   optim.*\n"
+        "  qe-ebm       CE + the QE's energy on samples (qe.mode static|dynamic)   qe_ebm.*, qe.*\n"
+        "  reinforce    CE + policy gradient, the QE's score as reward             reinforce.*, guards.*\n"
+        "  ppo          PPO, the QE's score as reward, KL to the initial model     ppo.*, guards.*\n"
+        "  qe-finetune  CE + CE on the QE's (or MBR's) pick of N candidates        qe_finetune.*\n"
+        "examples (recipes/configs/tiny_*.yaml, after `qeebm tinyworld build data/tinyworld`):\n"
+        "  qeebm train --config recipes/configs/tiny_sft.yaml\n"
+        "  qeebm train --config recipes/configs/tiny_qe-ebm_static.yaml qe_ebm.rho=0.3 output.run_dir=runs/qe-ebm",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--config", "-c", help=CONFIG_HELP)
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help=OVERRIDE_HELP)

@@ -53,7 +53,7 @@ def budget(quick: bool) -> dict:
     per validation (0: all). ``quick`` is a smoke run on the micro world."""
     if quick:
         return {"steps": 4, "batch_size": 4, "every": 2, "patience": 0, "eval_examples": 16}
-    return {"steps": 500, "batch_size": 16, "every": 50, "patience": 4, "eval_examples": 0}
+    return {"steps": 600, "batch_size": 16, "every": 50, "patience": 4, "eval_examples": 0}
 
 
 def protocol_overrides(world: Path, run_dir: Path, b: dict, seed: int, base: str = "nllb") -> list[str]:
