@@ -271,12 +271,12 @@ def load_training_state(path: Path, *, optimizer, scheduler, accelerator) -> dic
 
 
 def load_method_state(path: Path, method) -> None:
-    """Restore the state a method owns (``method.pt``) when the method has any."""
-    if not hasattr(method, "load_state_dict"):
-        return
+    """Restore the state a method owns (``method.pt``); a method with none (SFT) needs no file."""
     file = Path(path) / "method.pt"
     if not file.is_file():
-        raise QeebmError(f"cannot resume from {path}: it has no method.pt with the state of method '{getattr(method, 'name', '?')}'")
+        if method.state_dict():
+            raise QeebmError(f"cannot resume from {path}: it has no method.pt with the state of method '{method.name}'")
+        return
     method.load_state_dict(load_file(file))
 
 

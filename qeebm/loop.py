@@ -97,7 +97,7 @@ def train(cfg: Config) -> TrainResult:
         translator.to(accelerator.device)
         handle = PreparedModel()
         method = METHODS[cfg.method](cfg, translator, handle)
-        extras = list(getattr(method, "extra_parameters", list)())
+        extras = method.extra_parameters()
         params = [p for p in model.parameters() if p.requires_grad] + extras
         o = cfg.optim
         optimizer = torch.optim.AdamW(params, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
@@ -116,7 +116,7 @@ def train(cfg: Config) -> TrainResult:
             log.info("resuming from %s (step %d)", resume_from, state.step)
         sampler = StepSampler(len(train_set.src), o.batch_size, cfg.seed)
         # The source-only pool gets its own stream (another seed), as pure in the step as the labelled one.
-        mono = load_mono(cfg, translator) if getattr(method, "needs_mono", False) else None
+        mono = load_mono(cfg, translator) if method.needs_mono else None
         mono_sampler = StepSampler(len(mono.src), o.batch_size, cfg.seed + 1) if mono is not None else None
         metrics_log = MetricsLog(run_dir, cfg, accelerator, start_step=state.step)
         log.info("backend %s", accelerator.distributed_type.name)
@@ -155,7 +155,7 @@ def train(cfg: Config) -> TrainResult:
             state.elapsed = time.time() - start
             ckpt.save_checkpoint(run_dir / "checkpoints", state.step, model=model, optimizer=optimizer, scheduler=scheduler,
                                  state=asdict(state), accelerator=accelerator, keep_last=cfg.output.keep_last,
-                                 method_state=method.state_dict() if hasattr(method, "state_dict") else None,
+                                 method_state=method.state_dict(),
                                  optimizer_per_process=deepspeed_engine(accelerator) is not None)
 
         def stopped_early() -> bool:
@@ -229,31 +229,27 @@ def train_step(step, cfg, accelerator, translator, model, method, optimizer, sch
             batch.global_mono = mono_sampler.global_batch
         batches.append(batch)
     sums: dict[str, float] = {"loss": 0.0}
-    before_step = getattr(method, "before_step", None)
-    if before_step is not None:
-        # Work of the whole step that must precede its micro-steps (QE-dynamic's QE update); the
-        # method sums what it needs over processes itself, through this callable.
-        for key, value in before_step(batches, lambda t: accelerator.reduce(t, "sum")).items():
-            sums[key] = sums.get(key, 0.0) + float(value)
+    # Work of the whole step that must precede its micro-steps (QE-dynamic's QE update); the method
+    # sums what it needs over processes itself, through this callable.
+    for key, value in method.before_step(batches, lambda t: accelerator.reduce(t, "sum")).items():
+        sums[key] = sums.get(key, 0.0) + float(value)
     # 1. Rollouts of every micro-batch, without gradients: samples, scores, old log-probs.
     with torch.no_grad():
         rollouts = [method.rollout(batch) for batch in batches]
     # 2. What needs the whole step (baselines, advantage whitening, the KL controller): the method
     #    sees every process's rollouts through ``gather`` (concatenation over processes).
-    finish_rollouts = getattr(method, "finish_rollouts", None)
-    if finish_rollouts is not None:
-        rollouts = finish_rollouts(rollouts, accelerator.gather)
+    rollouts = method.finish_rollouts(rollouts, accelerator.gather)
     # 3. Updates: one optimiser update per (epoch, minibatch) of the rollouts, 1 x 1 unless the
     #    method asks for more (PPO). Each micro-batch contributes its share of the minibatch.
-    epochs, minibatches = getattr(method, "epochs", 1), getattr(method, "minibatches", 1)
-    minibatch = getattr(method, "minibatch", None)
+    epochs, minibatches = method.epochs, method.minibatches
     params = trained_parameters(accelerator, model, optimizer)
-    extra = list(getattr(method, "extra_parameters", list)())
+    extra = method.extra_parameters()
     # With clipping off, an infinite threshold still measures the norm and scales by exactly 1.
     max_norm = cfg.optim.max_grad_norm if cfg.optim.max_grad_norm > 0 else math.inf
     # Gradient diagnostics on the logged steps, from the first micro-batch of the first update.
     diagnose = cfg.logging.diagnostics and step % cfg.logging.every == 0
     updates: dict[str, float] = {"loss": 0.0}
+    values: dict[str, float] = {}  # the step's own numbers (StepOutput.values), from its first micro-batch
     grad_norm = 0.0
     outcomes = []
     for epoch in range(epochs):
@@ -262,7 +258,9 @@ def train_step(step, cfg, accelerator, translator, model, method, optimizer, sch
             for micro, rollout in enumerate(rollouts):
                 # Gradients are exchanged once, on the last micro-step.
                 with micro_step(accelerator, model, last=micro == accum - 1):
-                    out = method.loss(minibatch(rollout, epoch, part) if minibatch is not None else rollout)
+                    out = method.loss(method.minibatch(rollout, epoch, part))
+                    if epoch == part == micro == 0:
+                        values = dict(out.values)
                     if diagnose and epoch == part == micro == 0 and len(out.terms) > 1:
                         # A mean over processes: each measured its own micro-batch.
                         for key, value in term_gradient_stats(out.terms, params).items():
@@ -291,9 +289,10 @@ def train_step(step, cfg, accelerator, translator, model, method, optimizer, sch
         sums[key] = sums.get(key, 0.0) + value / n_updates
     keys = sorted(sums)
     totals = accelerator.reduce(torch.tensor([sums[k] for k in keys], dtype=torch.float64, device=accelerator.device), "sum")
-    # grad_norm is already the same on every process: not summed; so are the updates' outcomes.
+    # grad_norm is already the same on every process: not summed; so are the updates' outcomes and
+    # the step's values.
     return {"lr": lr, "grad_norm": grad_norm / n_updates, "nonfinite": float(outcomes.count(NONFINITE)),
-            "overflow": float(outcomes.count(OVERFLOW)), **dict(zip(keys, totals.tolist()))}
+            "overflow": float(outcomes.count(OVERFLOW)), **dict(zip(keys, totals.tolist())), **values}
 
 
 def lr_factor(kind: str, warmup: int, total: int):
@@ -460,9 +459,7 @@ def load_mono(cfg, translator):
 
 def check_config(cfg, world: int) -> None:
     """What can be wrong before anything slow is loaded."""
-    method = METHODS[cfg.method]  # an unknown name raises, naming the closest
-    if hasattr(method, "check_config"):
-        method.check_config(cfg)
+    METHODS[cfg.method].check_config(cfg)  # an unknown name raises, naming the closest
     o = cfg.optim
     if o.grad_accum < 1 or o.batch_size % (world * o.grad_accum):
         raise QeebmError(f"optim.batch_size={o.batch_size} must be divisible by processes x optim.grad_accum = "

@@ -120,8 +120,9 @@ def test_energy_moves_the_translator_and_never_the_qe(world, tmp_path, family, l
     assert changed(tr_before, tr.model) == expected
     assert changed(qe_before, method.qe) == set()
     for key in ("qe-ebm/energy", "qe-ebm/sample_score", "qe-ebm/score_spread", "qe-ebm/len_ratio",
-                "qe-ebm/empty_rate", "qe-ebm/copy_rate", "qe-ebm/alpha", "qe-ebm/beta"):
+                "qe-ebm/empty_rate", "qe-ebm/copy_rate"):
         assert isinstance(out.metrics[key], float), key
+    assert set(out.values) == {"qe-ebm/alpha", "qe-ebm/beta"}  # the step's weights, logged as they are
     # alpha = 0: no CE forward, no CE term.
     assert "qe-ebm/ce" not in out.metrics and set(out.terms) == {"energy"}
     # The energy term is the mean of -score over the M*K samples, and the straight-through value is the
@@ -236,7 +237,7 @@ def test_relative_weighting_hits_rho_and_is_scale_free(world, tmp_path):
     method.grad_ratio = None  # measure again
     doubled = method.loss(rollout)
     assert doubled.metrics["qe-ebm/energy"] == pytest.approx(2 * out.metrics["qe-ebm/energy"], rel=1e-6)
-    assert doubled.metrics["qe-ebm/beta"] == pytest.approx(out.metrics["qe-ebm/beta"] / 2, rel=1e-6)
+    assert doubled.values["qe-ebm/beta"] == pytest.approx(out.values["qe-ebm/beta"] / 2, rel=1e-6)
     for a, b in zip(update, torch.autograd.grad(doubled.loss, params)):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-8)
 
@@ -256,7 +257,7 @@ def test_relative_weighting_reuses_its_measurement_between_due_steps(world, tmp_
         assert method.ratio_step == expected_step
         assert method.grad_ratio == pytest.approx(ratio, rel=1e-9)
         # beta = rho * alpha * ratio (no ramp, alpha 1, rho 0.1), the micro-batch's whole step
-        assert out.metrics["qe-ebm/beta"] == pytest.approx(0.1 * ratio, rel=1e-9)
+        assert out.values["qe-ebm/beta"] == pytest.approx(0.1 * ratio, rel=1e-9)
     state = method.state_dict()
     assert state["grad_ratio"] == method.grad_ratio and state["ratio_step"] == 4
 

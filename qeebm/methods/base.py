@@ -1,9 +1,5 @@
-"""What the loop hands a training method, and what it gets back.
-
-A method is any object with ``rollout`` and ``loss``; the loop never looks inside it. It is built as
-``METHODS[name](cfg, translator, model)``: ``model`` is the accelerate-prepared module (possibly
-DDP-wrapped) to call for forward passes that need gradients, ``translator.model`` the unwrapped one
-for generation and scoring without gradients.
+"""What the loop hands a training method (``Batch``), what it gets back (``StepOutput``), and the
+contract between them (``Method``): every hook has a default, and the loop calls them all.
 """
 
 from __future__ import annotations
@@ -50,7 +46,10 @@ class Batch:
 class StepOutput:
     """``loss``: this micro-batch's contribution to the step's objective (a scalar with a graph).
     ``metrics``: contributions too, keyed ``<method>/<name>``; the loop sums them over micro-steps
-    and processes.
+    and processes (and averages over a step's updates).
+    ``values``: the step's own numbers, the same on every micro-step and process (a schedule's alpha
+    and beta, a KL coefficient, statistics the method computed over the whole step); logged as they
+    are, from the step's first micro-batch.
     ``terms``: the weighted parts of ``loss`` (they sum to it), by name, e.g.
     ``{"ce": alpha * ce, "energy": beta * e}``. The loop's gradient diagnostics compare their
     gradients (norms, ratio and cosine against ``"ce"``); empty for a single-term loss."""
@@ -58,34 +57,63 @@ class StepOutput:
     loss: torch.Tensor
     metrics: dict[str, float] = field(default_factory=dict)
     terms: dict[str, torch.Tensor] = field(default_factory=dict)
+    values: dict[str, float] = field(default_factory=dict)
 
 
 class Method(Protocol):
-    """The two calls every method has. Optional, looked up by the loop with ``getattr``:
+    """What the loop calls, in this order, for every optimiser step; a method subclasses this and
+    overrides what it needs (``rollout`` and ``loss`` always). Every default here does nothing, so
+    the loop calls every hook unconditionally and a misspelled override is the only way to skip one.
 
-    * ``needs_mono = True`` (class attribute): the loop reads ``data.mono`` and fills ``Batch.mono``;
-    * ``check_config(cfg)`` (classmethod): method-specific checks before any model is loaded;
-    * ``before_step(batches, all_reduce) -> dict[str, float]``: work done once per optimiser step,
-      before its micro-steps, on this process's micro-batches of the step (QE-dynamic's QE update).
-      ``all_reduce(tensor)`` sums a tensor over processes. Returns metric contributions;
-    * ``state_dict()`` / ``load_state_dict(state)``: state the method owns (a QE and its optimiser,
-      a running-mean baseline, a KL controller, a value head), saved in every checkpoint and
-      restored on resume;
-    * ``extra_parameters() -> list[Parameter]``: trainable parameters of the method's own (PPO's
-      value head), put in the loop's one optimiser, clipped with the model's and averaged over
-      processes like DDP does for the model;
-    * ``finish_rollouts(rollouts, gather) -> rollouts``: called once all micro-steps' rollouts of
-      the step exist, for what needs the whole step (baselines, whitening, KL control).
-      ``gather(tensor)`` concatenates a 1-d tensor over processes;
-    * ``epochs``, ``minibatches`` (ints, default 1) and ``minibatch(rollout, epoch, index)``: the loop
-      makes one optimiser update per (epoch, minibatch), calling ``loss`` on
-      ``minibatch(rollout, epoch, index)`` of every micro-step's rollout (PPO).
+    Built as ``METHODS[cfg.method](cfg, translator, model)`` after ``check_config`` passed:
+    ``model`` calls the accelerate-prepared module (possibly DDP- or DeepSpeed-wrapped), for forward
+    passes that need gradients; ``translator.model`` is the unwrapped one, for generation and scoring
+    without gradients. A method never touches the optimiser, scheduler, logger or accelerator.
     """
+
+    name: str = "?"
+    #: the loop reads ``data.mono`` and fills ``Batch.mono`` / ``Batch.global_mono``
+    needs_mono: bool = False
+    #: optimiser updates per step: one per (epoch, minibatch) of the step's rollouts (PPO)
+    epochs: int = 1
+    minibatches: int = 1
+
+    @classmethod
+    def check_config(cls, cfg) -> None:
+        """Method-specific checks of the config, before any model is loaded (a one-line QeebmError)."""
+
+    def extra_parameters(self) -> list[torch.nn.Parameter]:
+        """Trainable parameters of the method's own (PPO's value head), put in the loop's one
+        optimiser, clipped with the model's and averaged over processes."""
+        return []
+
+    def before_step(self, batches: list[Batch], all_reduce) -> dict[str, float]:
+        """Work of the whole step before its micro-steps, on this process's micro-batches
+        (QE-dynamic's QE update, QE finetuning's teacher refresh). ``all_reduce(tensor)`` sums over
+        processes. Returns metric contributions."""
+        return {}
 
     def rollout(self, batch: Batch) -> Any:
         """Everything that needs no gradient: sampling, scoring, old log-probs."""
-        ...
+        raise NotImplementedError
+
+    def finish_rollouts(self, rollouts: list, gather) -> list:
+        """Once every micro-step's rollout exists: what needs the whole step (baselines, whitening,
+        KL control). ``gather(tensor)`` concatenates a 1-d tensor over processes."""
+        return rollouts
+
+    def minibatch(self, rollout: Any, epoch: int, index: int) -> Any:
+        """The part of ``rollout`` that update (``epoch``, ``index``) trains on."""
+        return rollout
 
     def loss(self, rollout: Any) -> StepOutput:
-        """The differentiable part, from what ``rollout`` returned."""
-        ...
+        """The differentiable part, from what ``rollout`` (or ``minibatch``) returned."""
+        raise NotImplementedError
+
+    def state_dict(self) -> dict:
+        """State the method owns (a QE and its optimiser, a baseline, a KL controller, a value head),
+        saved in every checkpoint (``method.pt``) and restored on resume."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what ``state_dict`` returned."""

@@ -43,7 +43,7 @@ import torch
 from qeebm.config import Config
 from qeebm.errors import QeebmError
 from qeebm.guards import GuardResult, hit_rates
-from qeebm.methods.base import Batch, StepOutput
+from qeebm.methods.base import Batch, Method, StepOutput
 from qeebm.methods.reinforce import QEReward, check_static_qe
 from qeebm.methods.sampling import Samples, mono_sources, sample, sampling_config
 from qeebm.methods.sft import SFT
@@ -115,7 +115,7 @@ class PPOMinibatch:
     samples: float
 
 
-class PPO:
+class PPO(Method):
     name = "ppo"
     needs_mono = True
 
@@ -303,8 +303,6 @@ class PPO:
     # Loss of one minibatch share
 
     def loss(self, mb: PPOMinibatch) -> StepOutput:
-        if not isinstance(mb, PPOMinibatch):
-            raise RuntimeError("PPO.loss takes a minibatch: the loop must call finish_rollouts and minibatch first")
         c, r, rows = self.c, mb.rollout, mb.rows
         mask = r.samples.mask[rows]  # [b, T]
         # 8. Clipped surrogate and clipped value loss, token means over the minibatch. While the
@@ -316,7 +314,6 @@ class PPO:
         policy_weight = 0.0 if r.batch.step <= c.value_warmup_steps else 1.0
         terms = {"policy": policy_weight * pg, "value": c.value_coef * vf}
         n = mb.samples
-        share = len(rows) / n  # this share's part of a per-step value
         kl = r.kl[rows]
         metrics = {
             "ppo/policy_loss": pg.item(),
@@ -328,13 +325,11 @@ class PPO:
             "ppo/entropy": entropy.sum().item() / mb.tokens,
             # Rollout statistics (per sample): the same in every epoch.
             "ppo/kl": kl.sum().item() / n,
-            "ppo/kl_coef": r.kl_coef * share,
             "ppo/score": r.scores[rows].sum().item() / n,
             "ppo/qe": r.qe[rows].sum().item() / n,
             "ppo/guard_penalty": (r.qe[rows] - r.scores[rows]).sum().item() / n,
             "ppo/reward": (r.scores[rows] - r.kl_coef * kl).sum().item() / n,
             "ppo/sample_len": mask.sum().item() / n,
-            **{key: value * share for key, value in r.step_stats.items()},
         }
         if mb.labelled is not None:
             ce = self.ce.loss(mb.labelled)
@@ -345,7 +340,8 @@ class PPO:
             part = GuardResult(penalty=[r.guards.penalty[i] for i in keep],
                                hits={k: [v[i] for i in keep] for k, v in r.guards.hits.items()})
             metrics |= hit_rates(part, normaliser=n)
-        return StepOutput(loss=sum(terms.values()), metrics=metrics, terms=terms)
+        return StepOutput(loss=sum(terms.values()), metrics=metrics, terms=terms,
+                          values={"ppo/kl_coef": r.kl_coef, **r.step_stats})
 
 
 class ValueHead(torch.nn.Module):

@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from qeebm.config import Config, QEConfig, QeEbmConfig
 from qeebm.diagnostics import term_gradient_stats
 from qeebm.errors import QeebmError
-from qeebm.methods.base import Batch, StepOutput
+from qeebm.methods.base import Batch, Method, StepOutput
 from qeebm.methods.sampling import mono_sources, sample, sampling_config
 from qeebm.methods.sft import label_smoothed_ce
 from qeebm.qe.heldout import HeldoutProbe, read_judged, ref_above_rate
@@ -117,7 +117,7 @@ class QeEbmRollout:
     scores: torch.Tensor | None = None
 
 
-class QeEbm:
+class QeEbm(Method):
     name = "qe-ebm"
     needs_mono = True
 
@@ -235,15 +235,14 @@ class QeEbm:
                 beta = self.relative_beta(b.step, alpha, ce, e)
             terms["ce"] = alpha * ce
         terms["energy"] = beta * e
-        share = len(b.src) / b.global_examples  # this micro-batch's share of the step
-        metrics |= {"qe-ebm/alpha": alpha * share, "qe-ebm/beta": beta * share}
         # The samples' exact QE scores: their mean, and their spread within a source (the signal a
         # gradient or a leave-one-out baseline can use), a mean over the step's sources.
         scores = (-energy.detach() if r.scores is None else r.scores).double().view(-1, self.k)  # [M, K]
         metrics["qe-ebm/sample_score"] = scores.sum().item() / r.normaliser
         if self.k > 1:
             metrics["qe-ebm/score_spread"] = scores.std(dim=1).sum().item() * self.k / r.normaliser
-        return StepOutput(loss=sum(terms.values()), metrics=metrics, terms=terms)
+        return StepOutput(loss=sum(terms.values()), metrics=metrics, terms=terms,
+                          values={"qe-ebm/alpha": alpha, "qe-ebm/beta": beta})
 
     def relative_beta(self, step: int, alpha: float, ce: torch.Tensor, e: torch.Tensor) -> float:
         """beta = rho * ramp * alpha * |grad CE| / |grad E| (``weighting: relative``), the norms

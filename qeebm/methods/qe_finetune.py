@@ -31,7 +31,7 @@ import torch
 from qeebm.config import Config, GenerationConfig
 from qeebm.errors import QeebmError
 from qeebm.methods import reinforce
-from qeebm.methods.base import Batch, StepOutput
+from qeebm.methods.base import Batch, Method, StepOutput
 from qeebm.methods.sampling import mono_sources
 from qeebm.methods.sft import label_smoothed_ce
 from qeebm.qad import CHRF, Choice, Selection, generate_candidates
@@ -50,7 +50,7 @@ class QeFinetuneRollout:
     choice: Choice
 
 
-class QeFinetune:
+class QeFinetune(Method):
     name = "qe-finetune"
     needs_mono = True
 
@@ -141,8 +141,6 @@ class QeFinetune:
 
     def loss(self, r: QeFinetuneRollout) -> StepOutput:
         # 4. alpha * CE(labelled) + beta * CE(selected targets).
-        if not r.pseudo.global_tokens:
-            raise RuntimeError("QeFinetune.loss before finish_rollouts: the loop must call it after the rollouts")
         n = r.pseudo.global_examples
         distill, nll = label_smoothed_ce(self.model, r.pseudo, self.label_smoothing, with_nll=True)
         terms = {"distill": self.c.beta * distill}

@@ -28,7 +28,7 @@ import torch
 from qeebm.config import Config
 from qeebm.errors import QeebmError
 from qeebm.guards import GuardResult, check, hit_rates
-from qeebm.methods.base import Batch, StepOutput
+from qeebm.methods.base import Batch, Method, StepOutput
 from qeebm.methods.sampling import Samples, mono_sources, sample, sampling_config
 from qeebm.methods.sft import SFT
 from qeebm.rl import (
@@ -107,7 +107,7 @@ class ReinforceRollout:
     step_stats: dict[str, float] | None = None
 
 
-class Reinforce:
+class Reinforce(Method):
     name = "reinforce"
     needs_mono = True
 
@@ -182,8 +182,6 @@ class Reinforce:
         return rollouts
 
     def loss(self, r: ReinforceRollout) -> StepOutput:
-        if r.advantages is None:
-            raise RuntimeError("Reinforce.loss before finish_rollouts: the loop must call it after the rollouts")
         s, n = r.samples, r.global_samples
         # 4. Policy gradient: -A * log p(sample), a token mean over the step's samples. Dropout off,
         #    as the samples were drawn; the log-probs are those of the sampling distribution.
@@ -193,7 +191,6 @@ class Reinforce:
         _, seq_logp = sequence_logprobs(policy_logits(logits, s.temperature, s.suppress), s.tokens, s.mask)  # [B]
         pg = policy_gradient_loss(seq_logp, r.advantages.flatten(), normaliser=max(r.global_tokens, 1.0))
         terms = {"pg": self.c.beta * pg}
-        share = s.tokens.shape[0] / n  # this micro-batch's part of a per-step value
         metrics = {
             "reinforce/pg_loss": pg.item(),
             "reinforce/reward": r.rewards.sum().item() / n,
@@ -203,7 +200,6 @@ class Reinforce:
             "reinforce/advantage": r.advantages.sum().item() / n,
             "reinforce/sample_len": s.mask.sum().item() / n,
             "reinforce/logp": seq_logp.detach().sum().item() / n,
-            **{key: value * share for key, value in r.step_stats.items()},
         }
         # The supervised term on the labelled batch, as SFT computes it.
         if self.ce is not None:
@@ -212,4 +208,4 @@ class Reinforce:
             metrics |= {"reinforce/ce": ce.metrics["sft/loss"], "reinforce/nll": ce.metrics["sft/nll"]}
         if r.guards is not None:
             metrics |= hit_rates(r.guards, normaliser=n)
-        return StepOutput(loss=sum(terms.values()), metrics=metrics, terms=terms)
+        return StepOutput(loss=sum(terms.values()), metrics=metrics, terms=terms, values=r.step_stats)

@@ -7,10 +7,10 @@ import torch.nn.functional as F
 
 from qeebm.config import Config
 from qeebm.errors import QeebmError
-from qeebm.methods.base import Batch, StepOutput
+from qeebm.methods.base import Batch, Method, StepOutput
 
 
-class SFT:
+class SFT(Method):
     name = "sft"
 
     def __init__(self, cfg: Config, translator, model: torch.nn.Module):
