@@ -48,6 +48,9 @@ from qeebm.methods.base import Batch, Method, StepOutput
 from qeebm.methods.sampling import mono_sources, sample, sampling_config
 from qeebm.methods.sft import label_smoothed_ce
 from qeebm.qe.heldout import HeldoutProbe, read_judged, ref_above_rate
+from qeebm.qe.trainable import PARTS as QE_PARTS
+from qeebm.qe.trainable import scores as qe_scores
+from qeebm.qe.trainable import trainable_parts
 from qeebm.translator import eval_mode
 
 if TYPE_CHECKING:
@@ -55,7 +58,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-QE_PARTS = ("head", "layerwise", "lora")
 
 
 def ramp(step: int, c: QeEbmConfig) -> float:
@@ -134,7 +136,9 @@ class QeEbm(Method):
         self.qe = self.energy.qe
         self.qe_params: dict[str, torch.nn.Parameter] = {}
         if self.dynamic:
-            self.qe_params = select_qe_parts(self.qe, self.q, seed=cfg.seed)
+            q = self.q
+            self.qe_params = trainable_parts(self.qe, q.train_parts, lora_r=q.lora_r, lora_alpha=q.lora_alpha,
+                                             lora_targets=q.lora_target_modules, seed=cfg.seed)
         self.energy.to(translator.device)
         self.qe_optimizer = (torch.optim.AdamW(list(self.qe_params.values()), lr=self.q.lr,
                                                weight_decay=self.q.weight_decay) if self.dynamic else None)
@@ -341,7 +345,7 @@ class QeEbm(Method):
             logp_smp = self.mean_logprob(drawn.input_ids, drawn.attention_mask, tf["labels"], tf["decoder_input_ids"])  # [N*K]
         src = list(batch.src) + drawn.src
         with torch.enable_grad():
-            scores = self.qe_scores(src, list(batch.tgt) + samples)  # [N + N*K]
+            scores = qe_scores(self.qe, src, list(batch.tgt) + samples, self.translator.device)  # [N + N*K]
         s_ref, s_smp = scores[:n], scores[n:]
         if self.q.loss in ("nce", "rank-nce"):
             # NCE with the translator as noise: logit = QE(x, y) - w * log pbar(y | x).
@@ -375,13 +379,6 @@ class QeEbm(Method):
         nll = F.cross_entropy(_upcast(logits).transpose(1, 2), labels, ignore_index=-100,
                               label_smoothing=self.q.label_smoothing, reduction="none")  # [B, T]
         return -nll.sum(1) / (labels != -100).sum(1).clamp(min=1)
-
-    def qe_scores(self, src: list[str], mt: list[str]) -> torch.Tensor:
-        """``[B]`` CometKiwi scores through comet's own forward, differentiable in the QE."""
-        (inputs,) = self.qe.prepare_sample([{"src": s, "mt": m} for s, m in zip(src, mt)], stage="predict")
-        device = self.translator.device
-        return self.qe.forward(input_ids=inputs["input_ids"].to(device),
-                               attention_mask=inputs["attention_mask"].to(device)).score.view(-1)
 
     @contextlib.contextmanager
     def _qe_trainable(self):
@@ -448,33 +445,3 @@ def load_energy(path: str, translator, freeze: bool):
         raise QeebmError(f"qe.path '{path}' is a {qe_kind(comet)} model; QE-EBM needs a reference-free CometKiwi")
     vocab_size = translator.model.config.vocab_size
     return KiwiEnergy(comet, Bridge(translator.tokenizer, comet.encoder.tokenizer, vocab_size=vocab_size), freeze=freeze)
-
-
-def select_qe_parts(qe, q: QEConfig, seed: int) -> dict[str, torch.nn.Parameter]:
-    """Freeze the QE, add LoRA adapters when asked, and return the trainable parts by name.
-
-    The returned parameters are left with ``requires_grad=False``; ``QeEbm`` enables them only for
-    its own update."""
-    qe.requires_grad_(False)
-    chosen: list[torch.nn.Parameter] = []
-    if "head" in q.train_parts:
-        chosen += list(qe.estimator.parameters())
-    if "layerwise" in q.train_parts:
-        if qe.layerwise_attention is None:
-            raise QeebmError("qe.train_parts has 'layerwise', but this QE has no layer-wise attention")
-        chosen += list(qe.layerwise_attention.parameters())
-    if "lora" in q.train_parts:
-        from peft import LoraConfig, get_peft_model
-
-        config = LoraConfig(r=q.lora_r, lora_alpha=q.lora_alpha, lora_dropout=0.0,
-                            target_modules=list(q.lora_target_modules), bias="none")
-        # A fixed seed, not the run's RNG: every process must draw the same adapters.
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            qe.encoder.model = get_peft_model(qe.encoder.model, config)
-        chosen += [p for n, p in qe.encoder.model.named_parameters() if "lora_" in n]
-    wanted = {id(p) for p in chosen}
-    params = {n: p for n, p in qe.named_parameters() if id(p) in wanted}
-    for p in params.values():
-        p.requires_grad_(False)
-    return params
