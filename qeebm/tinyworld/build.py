@@ -32,6 +32,7 @@ sha256; the same seed gives the same manifest. Timings go to ``build_log.json``,
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import logging
@@ -188,7 +189,8 @@ def build(world_dir: str | Path, seed: int = 0, size: str = "default", force: bo
     timings["qe_s"] = time.perf_counter() - t
 
     timings["total_s"] = time.perf_counter() - start
-    build_log = {"timings": timings, "base": base_metrics, "qe": qe_report, "qe_source": "shipped" if shipped else "built"}
+    build_log = {"timings": timings, "base": base_metrics, "qe": qe_report, "qe_source": "shipped" if shipped else "built",
+                 "code": _code_version()}
     (world / "build_log.json").write_text(json.dumps(build_log, indent=2) + "\n")
     manifest = {
         "seed": seed,
@@ -561,7 +563,8 @@ def copy_shipped_qe(shipped: Path, world: Path) -> dict:
         tok.save_pretrained(staging / "encoder")
         save_qe(load_qe(str(staging)), qe_dir / name)
         shutil.rmtree(staging)
-    shutil.copy(shipped / "heldout.tsv", qe_dir / "heldout.tsv")
+    with gzip.open(shipped / "heldout.tsv.gz", "rb") as src, open(qe_dir / "heldout.tsv", "wb") as dst:
+        shutil.copyfileobj(src, dst)
     shutil.copy(shipped / "qe_report.json", qe_dir / "qe_report.json")
     return json.loads((shipped / "qe_report.json").read_text())
 
@@ -587,10 +590,13 @@ def export_qe(world: str | Path, out: str | Path) -> Path:
         for rel in SHIPPED_FILES:
             (staging / name / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(world / "qe" / name / rel, staging / name / rel)
-    shutil.copy(world / "qe" / "heldout.tsv", staging / "heldout.tsv")
+    # Compressed: the held-out rows are the largest file (about 3 MB as text).
+    with open(world / "qe" / "heldout.tsv", "rb") as src, gzip.GzipFile(staging / "heldout.tsv.gz", "wb", mtime=0) as dst:
+        shutil.copyfileobj(src, dst)
     shutil.copy(world / "qe" / "qe_report.json", staging / "qe_report.json")
     files = manifest["files"]
-    source = {"seed": manifest["seed"], "size": manifest["size"], "code": _code_version(),
+    built_by = json.loads((world / "build_log.json").read_text()).get("code", _code_version())
+    source = {"seed": manifest["seed"], "size": manifest["size"], "code": built_by,
               "inputs_digest": qe_inputs_digest(world),
               "data_files": {k: v for k, v in files.items() if k.startswith(("tokenizers/", "data/"))},
               "qe_files": {k: v for k, v in files.items() if k.startswith("qe/")}}
