@@ -188,17 +188,17 @@ def run_demo(world_dir: str | None = None, runs_dir: str | None = None, quick: b
     with ProcessPoolExecutor(max_workers=2, mp_context=pool_context) as pool:
         done = [pool.submit(_evaluate_worker, jobs[i::2], str(world)) for i in range(2)]
         reports = [r for future in done for r in future.result()]
-    selected = []
+    selected = []  # base+rerank, SYSTEM+rerank, base+mbr, SYSTEM+mbr
     for rule in ("rerank", "mbr"):
         tq = time.perf_counter()
         report = evaluate_system(translator, world / "data/test.tsv", spec, system=f"base+{rule}", model=str(base_dir),
                                  selection=selection_of(rule, spec))
         selected.append(write_eval(report, runs / "base", f"test-{rule}"))
         timings[f"evaluate_base_{rule}"] = time.perf_counter() - tq
-    for path, seconds in reports:
-        if path.endswith(("-rerank.json", "-mbr.json")):
-            selected.append(Path(path))
-            timings[f"evaluate_{Path(path).parents[1].name}_{Path(path).stem}"] = seconds
+        for path, seconds in reports:
+            if path.endswith(f"-{rule}.json"):
+                selected.append(Path(path))
+                timings[f"evaluate_{Path(path).parents[1].name}_{Path(path).stem}"] = seconds
     timings["evaluation"] = time.perf_counter() - t
     del translator
 
