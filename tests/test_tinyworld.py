@@ -4,6 +4,7 @@ import pytest
 
 from qeebm.config import CorpusConfig
 from qeebm.data import read_corpus
+from qeebm.errors import QeebmError
 from qeebm.qe.heldout import read_judged
 from qeebm.tinyworld.build import SIZES, build, is_built, write_data
 
@@ -107,19 +108,32 @@ def test_a_finished_build_is_not_redone(micro_world):
 def test_shipped_qes_are_copied_only_into_a_world_built_from_their_inputs(micro_world, tmp_path):
     from qeebm.qe.models import load_qe
     from qeebm.qe.scoring import QEScorer
-    from qeebm.tinyworld.build import export_qe, shipped_qe_matches
+    from qeebm.tinyworld.build import export_qe, hash_tree, shipped_qe_matches
 
     shipped = export_qe(micro_world, tmp_path / "shipped")
     # Weights and settings only: the tokenizer is the world's own.
     assert not (shipped / "kiwi" / "encoder" / "tokenizer.json").exists()
     world = build(tmp_path / "world", seed=0, size="micro", shipped=shipped)
     assert json.loads((world / "build_log.json").read_text())["qe_source"] == "shipped"
+    # The bases are the shipped ones, not retrained: every file as in the world they came from.
+    assert not (world / "runs").exists()
+    built, copied = hash_tree(micro_world), hash_tree(world)
+    assert {k: v for k, v in copied.items() if k.endswith("-base/model.safetensors")} == \
+        {k: v for k, v in built.items() if k.endswith("-base/model.safetensors")}
+    assert json.loads((world / "manifest.json").read_text())["base_test"] == \
+        json.loads((micro_world / "manifest.json").read_text())["base_test"]
     src, mt = ["the cat sees a dog.", "i am here."], ["муур нохой харна.", "би энд байна."]
     for name in ("kiwi", "judge"):
         assert QEScorer(load_qe(str(world / "qe" / name))).score(src, mt) == \
             QEScorer(load_qe(str(micro_world / "qe" / name))).score(src, mt)
     # Another seed's data: the shipped QEs are not this build's.
     assert shipped_qe_matches(shipped, world, seed=1, size="micro") is None
+    # A shipped base whose bytes are not those recorded is refused, naming the directory.
+    weights = shipped / "bases" / "nllb-base" / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+    with pytest.raises(QeebmError, match="bases: the files differ from their digests"):
+        build(tmp_path / "world2", seed=0, size="micro", shipped=shipped)
     source = json.loads((shipped / "source.json").read_text())
     source["data_files"]["data/train.tsv"] = "0" * 64
     (shipped / "source.json").write_text(json.dumps(source))

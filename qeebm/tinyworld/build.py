@@ -146,9 +146,9 @@ def is_built(world: Path) -> bool:
 
 def build(world_dir: str | Path, seed: int = 0, size: str = "default", force: bool = False, qe: str = "auto",
           shipped: str | Path = SHIPPED_QE) -> Path:
-    """Build the world in ``world_dir``. ``qe``: "auto" copies the QEs shipped in ``shipped`` when they
-    were built from this build's inputs (the same seed, size, data, tokenizers and bases), else
-    trains them; "build" always trains them."""
+    """Build the world in ``world_dir``. ``qe``: "auto" copies the base translators and QEs shipped in
+    ``shipped`` when they were built from this build's inputs (the same seed, size, data and
+    tokenizers), else trains them; "build" always trains them."""
     world = Path(world_dir)
     if size not in SIZES:
         raise QeebmError(f"unknown tiny-world size {size!r}; expected one of {', '.join(SIZES)}")
@@ -174,11 +174,15 @@ def build(world_dir: str | Path, seed: int = 0, size: str = "default", force: bo
 
     shipped = shipped_qe_matches(Path(shipped), world, seed, size) if qe == "auto" else None
     t = time.perf_counter()
-    workers = train_bases(world, seed, spec, judged=shipped is None)
-    base_metrics = {f: w["test"] for f, w in workers.items()}
-    timings["base_translators_s"] = max(w["base_s"] for w in workers.values())
-    if shipped is None:
-        timings["judged_systems_s"] = max(w["judged_s"] for w in workers.values())
+    if shipped is not None and (shipped / "bases").is_dir():
+        base_metrics = copy_shipped_bases(shipped, world)
+        timings["base_translators_s"] = time.perf_counter() - t
+    else:
+        workers = train_bases(world, seed, spec, judged=shipped is None)
+        base_metrics = {f: w["test"] for f, w in workers.items()}
+        timings["base_translators_s"] = max(w["base_s"] for w in workers.values())
+        if shipped is None:
+            timings["judged_systems_s"] = max(w["judged_s"] for w in workers.values())
 
     t = time.perf_counter()
     if shipped is not None:
@@ -550,8 +554,10 @@ def copy_shipped_qe(shipped: Path, world: Path) -> dict:
 
     recorded = json.loads((shipped / "source.json").read_text())
     if recorded["inputs_digest"] != qe_inputs_digest(world):
-        raise QeebmError(f"{shipped}: the base translators of this build differ from those the shipped QEs' data "
-                         "came from; rebuild with `qeebm tinyworld build DIR --qe build` (or `qeebm tinyworld build-qe`)")
+        if "qe_bases_note" not in recorded:
+            raise QeebmError(f"{shipped}: the base translators of this build differ from those the shipped QEs' data "
+                             "came from; rebuild with `qeebm tinyworld build DIR --qe build` (or `qeebm tinyworld build-qe`)")
+        log.info("shipped QEs: %s", recorded["qe_bases_note"])
     qe_dir = world / "qe"
     for name in shipped_models(shipped):
         staging = qe_dir / f"{name}.shipped"
@@ -569,6 +575,20 @@ def copy_shipped_qe(shipped: Path, world: Path) -> dict:
     return json.loads((shipped / "qe_report.json").read_text())
 
 
+def copy_shipped_bases(shipped: Path, world: Path) -> dict:
+    """Copy the shipped base translators into ``world``; returns their recorded test metrics.
+    Trained weights are shipped because they are bitwise reproducible only on the same kind of CPU
+    (another matrix kernel rounds differently), and the QEs' data came from these very bases."""
+    recorded = json.loads((shipped / "source.json").read_text())
+    for family in FAMILIES:
+        shutil.copytree(shipped / "bases" / f"{family}-base", world / f"{family}-base")
+    got = {k: v for k, v in hash_tree(world).items() if k.startswith(tuple(f"{f}-base/" for f in FAMILIES))}
+    if got != recorded["base_files"]:
+        raise QeebmError(f"{shipped / 'bases'}: the files differ from their digests in {shipped / 'source.json'}")
+    log.info("base translators: the shipped ones (%s)", shipped / "bases")
+    return recorded["base_test"]
+
+
 def ship_qe(out: str | Path = SHIPPED_QE, seed: int = 0, size: str = "default", work: str | Path | None = None) -> Path:
     """``qeebm tinyworld build-qe``: build a world with its QEs trained (``qe="build"``; in ``work``,
     else a temporary directory) and ``export_qe`` them to ``out``."""
@@ -580,8 +600,9 @@ def ship_qe(out: str | Path = SHIPPED_QE, seed: int = 0, size: str = "default", 
 
 
 def export_qe(world: str | Path, out: str | Path) -> Path:
-    """Keep a built world's QEs (their weights and settings), their held-out rows and report, and
-    the digests of their inputs (``source.json``) in ``out``, replaced as a whole."""
+    """Keep a built world's QEs (their weights and settings), their held-out rows and report, its
+    base translators, and the digests of their inputs (``source.json``) in ``out``, replaced as a
+    whole."""
     world, out = Path(world), Path(out)
     manifest = json.loads((world / "manifest.json").read_text())
     staging = out.with_name(out.name + ".tmp")
@@ -594,12 +615,16 @@ def export_qe(world: str | Path, out: str | Path) -> Path:
     with open(world / "qe" / "heldout.tsv", "rb") as src, gzip.GzipFile(staging / "heldout.tsv.gz", "wb", mtime=0) as dst:
         shutil.copyfileobj(src, dst)
     shutil.copy(world / "qe" / "qe_report.json", staging / "qe_report.json")
+    for family in FAMILIES:
+        shutil.copytree(world / f"{family}-base", staging / "bases" / f"{family}-base")
     files = manifest["files"]
     built_by = json.loads((world / "build_log.json").read_text()).get("code", _code_version())
     source = {"seed": manifest["seed"], "size": manifest["size"], "code": built_by,
               "inputs_digest": qe_inputs_digest(world),
               "data_files": {k: v for k, v in files.items() if k.startswith(("tokenizers/", "data/"))},
-              "qe_files": {k: v for k, v in files.items() if k.startswith("qe/")}}
+              "qe_files": {k: v for k, v in files.items() if k.startswith("qe/")},
+              "base_files": {k: v for k, v in files.items() if k.startswith(tuple(f"{f}-base/" for f in FAMILIES))},
+              "base_test": manifest["base_test"]}
     (staging / "source.json").write_text(json.dumps(source, indent=2, sort_keys=True) + "\n")
     shutil.rmtree(out, ignore_errors=True)
     staging.rename(out)
