@@ -142,11 +142,6 @@ def best_system(run_dirs: dict) -> str:
 
 def run_demo(world_dir: str | None = None, runs_dir: str | None = None, quick: bool = False,
              seeds: int = 1, steps: int | None = None, base: str = "nllb", systems: list[str] | None = None) -> str:
-    from qeebm.compare import run as compare
-    from qeebm.config import ModelConfig
-    from qeebm.evaluate import MetricSpec, evaluate_system, write_eval
-    from qeebm.translator import Translator
-
     start = time.perf_counter()
     world = Path(world_dir or ("data/tinyworld-micro" if quick else "data/tinyworld"))
     # The smoke run has its own directory: a full demo after it would otherwise try to resume its runs.
@@ -160,21 +155,53 @@ def run_demo(world_dir: str | None = None, runs_dir: str | None = None, quick: b
     names = systems or list(SYSTEMS)
     run_dirs = {(name, seed): runs / (name if seeds == 1 else f"{name}-seed{seed}")
                 for seed in SEEDS[:seeds] for name in names}
-    pool_context = multiprocessing.get_context("spawn")
+    timings.update(train_runs(run_dirs, world, b, base))
+    head = (f"Tiny world, test set (beam 5), {seeds} seed(s): every method from {base}-base (never trained on the "
+            f"task) for at most {b['steps']} steps of {b['batch_size']} labelled pairs (+ {b['batch_size']} source-only "
+            f"sentences), validated every {b['every']} steps")
+    by_kiwi, by_chrf, eval_timings = evaluate_and_compare(run_dirs, world, runs, base, head)
+    timings.update(eval_timings)
+    timings["total"] = time.perf_counter() - start
+    (runs / "timings.json").write_text(json.dumps(timings, indent=2) + "\n")
+    world_s = f"world build {timings['world']:.0f} s, " if "world" in timings else ""
+    print(f"\ntime: {world_s}training {timings['training']:.0f} s (wall; {sum(v for k, v in timings.items() if k.startswith('train/')):.0f} s "
+          f"summed over runs), evaluation {timings['evaluation']:.0f} s (of which quality-aware decoding: base "
+          f"+rerank {timings['evaluate_base_rerank']:.0f} s, +mbr {timings['evaluate_base_mbr']:.0f} s)")
+    print(f"tables and plots: {runs / 'comparison'}, {runs / 'comparison-chrf'}; total time {timings['total']:.0f} s")
+    return by_kiwi
 
-    # 2. Training, two runs at a time.
+
+def train_runs(run_dirs: dict, world: Path, b: dict, base: str, seed: int | None = None,
+               extra: dict | None = None) -> dict:
+    """Train every ``(name, seed) -> run_dir`` under the protocol, two at a time, each in its own
+    process on one thread (the machine this was built for has two cores). A sweep keys its runs by
+    ``(name, setting)`` instead, gives the one ``seed`` and, in ``extra``, each key's overrides.
+    Returns the wall times."""
+    timings = {}
     t = time.perf_counter()
-    with ProcessPoolExecutor(max_workers=2, mp_context=pool_context) as pool:
-        futures = [pool.submit(_train_worker, f"{name}/{seed}", SYSTEMS[name], run_overrides(name, world, d, b, seed, base))
-                   for (name, seed), d in run_dirs.items()]
+    with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = [pool.submit(_train_worker, f"{name}/{key}", SYSTEMS[name],
+                               run_overrides(name, world, d, b, key if seed is None else seed, base)
+                               + list((extra or {}).get((name, key), [])))
+                   for (name, key), d in run_dirs.items()]
         for future in futures:
             name, seconds = future.result()
             timings[f"train/{name}"] = seconds
             log.info("%s trained in %.0f s", name, seconds)
     timings["training"] = time.perf_counter() - t
+    return timings
 
-    # 3. Evaluation: beam 5 on the whole test set, every metric of the tiny world; each run's choice
-    #    by dev Kiwi and by dev chrF++, then quality-aware decoding of the base and the best system.
+
+def evaluate_and_compare(run_dirs: dict, world: Path, runs: Path, base: str, head: str) -> tuple[str, str, dict]:
+    """Evaluate the base and every trained run on the test set, twice: the checkpoint selected on dev
+    Kiwi (as published) and the one selected on dev chrF++; then quality-aware decoding of the base
+    and of the best trained system (by dev chrF++). Prints and returns both comparison tables."""
+    from qeebm.compare import run as compare
+    from qeebm.config import ModelConfig
+    from qeebm.evaluate import MetricSpec, evaluate_system, write_eval
+    from qeebm.translator import Translator
+
+    timings = {}
     t = time.perf_counter()
     spec = MetricSpec.tinyworld(world)
     base_dir = world / f"{base}-base"
@@ -185,7 +212,7 @@ def run_demo(world_dir: str | None = None, runs_dir: str | None = None, quick: b
     jobs += [(str(d), name, "best-chrf", "test-best-chrf", None) for (name, _), d in run_dirs.items()]
     jobs += [(str(d), f"{name}+{rule}", None, "test", rule) for rule in ("rerank", "mbr")
              for (name, _), d in run_dirs.items() if name == best]
-    with ProcessPoolExecutor(max_workers=2, mp_context=pool_context) as pool:
+    with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("spawn")) as pool:
         done = [pool.submit(_evaluate_worker, jobs[i::2], str(world)) for i in range(2)]
         reports = [r for future in done for r in future.result()]
     selected = []  # base+rerank, SYSTEM+rerank, base+mbr, SYSTEM+mbr
@@ -202,25 +229,15 @@ def run_demo(world_dir: str | None = None, runs_dir: str | None = None, quick: b
     timings["evaluation"] = time.perf_counter() - t
     del translator
 
-    # 4. The tables (seeds of one system are grouped by its name).
+    # The tables (seeds of one system are grouped by its name).
     by_kiwi = compare([str(runs / "base")] + [str(d) for d in run_dirs.values()] + [str(r) for r in selected],
                       baseline="base", out=runs / "comparison", plots=True)
     by_chrf = compare([str(runs / "base" / "eval" / "test.json")] +
                       [str(d / "eval" / "test-best-chrf.json") for d in run_dirs.values()],
                       baseline="base", out=runs / "comparison-chrf", plots=False)
-    timings["total"] = time.perf_counter() - start
-    (runs / "timings.json").write_text(json.dumps(timings, indent=2) + "\n")
-    head = (f"Tiny world, test set (beam 5), {seeds} seed(s): every method from {base_dir.name} (never trained on the "
-            f"task) for at most {b['steps']} steps of {b['batch_size']} labelled pairs (+ {b['batch_size']} source-only "
-            f"sentences), validated every {b['every']} steps")
     print(f"\n{head}; checkpoint selected on dev Kiwi (as published); +rerank / +mbr: the best of 8 beam candidates by "
           f"Kiwi / by MBR with the chrF++ utility:\n")
     print(by_kiwi)
     print("\nThe same runs, checkpoint selected on dev chrF++ instead:\n")
     print(by_chrf)
-    world_s = f"world build {timings['world']:.0f} s, " if "world" in timings else ""
-    print(f"\ntime: {world_s}training {timings['training']:.0f} s (wall; {sum(v for k, v in timings.items() if k.startswith('train/')):.0f} s "
-          f"summed over runs), evaluation {timings['evaluation']:.0f} s (of which quality-aware decoding: base "
-          f"+rerank {timings['evaluate_base_rerank']:.0f} s, +mbr {timings['evaluate_base_mbr']:.0f} s)")
-    print(f"tables and plots: {runs / 'comparison'}, {runs / 'comparison-chrf'}; total time {timings['total']:.0f} s")
-    return by_kiwi
+    return by_kiwi, by_chrf, timings
