@@ -62,7 +62,10 @@ ALPHA = 0.05
 NEURAL_ORDER = ("comet", "xcomet", "kiwi", "judge")
 LABELS = {"bleu": "BLEU", "chrf": "chrF++", "ter": "TER", "comet": "COMET", "xcomet": "XCOMET",
           "kiwi": "Kiwi", "judge": "Judge"}
-DEFAULT_CURVE_KEYS = ("loss", "energy/mean", "*/reward", "val/bleu", "val/chrf")
+# The weight of each added term next to the CE (diag/ratio_*) and the QE signal within one source's
+# samples (score_spread) are what say whether a QE-trained method could move at all.
+DEFAULT_CURVE_KEYS = ("loss", "energy/mean", "*/reward", "diag/ratio_*", "*/score_spread", "*/sample_score",
+                      "val/bleu", "val/chrf", "val/kiwi")
 # Reports may round corpus scores to one decimal; a larger gap means different metric options.
 CORPUS_TOLERANCE = 0.05
 
