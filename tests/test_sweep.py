@@ -1,0 +1,43 @@
+"""scripts/sweep.py: the trial grid every method gets (the runs themselves are the demo's, tested there)."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+spec = importlib.util.spec_from_file_location("sweep", Path(__file__).resolve().parents[1] / "scripts" / "sweep.py")
+sweep = importlib.util.module_from_spec(spec)
+sys.modules["sweep"] = sweep
+spec.loader.exec_module(sweep)
+
+
+def test_sft_tries_its_learning_rates_and_nothing_else():
+    assert sweep.grid("sft", 0.0) == [(f"lr {lr:g}", [f"optim.lr={lr:g}"]) for lr in sweep.SFT_LRS]
+
+
+@pytest.mark.parametrize("name", [n for n in sweep.KNOBS])
+def test_every_other_method_gets_the_same_budget_at_sfts_learning_rates(name):
+    knob, values, _ = sweep.KNOBS[name]
+    settings = sweep.grid(name, 8e-3, (0.5, 1.0))
+    assert len(settings) == 4 == len(sweep.grid("sft", 0.0))
+    assert [o for _, o in settings] == [[f"optim.lr={lr}", f"{knob}={v:g}"] for lr in ("0.004", "0.008") for v in values]
+    # --lr-factors 1: SFT's learning rate alone, each knob value once.
+    assert [o[0] for _, o in sweep.grid(name, 8e-3, (1.0,))] == ["optim.lr=0.008"] * len(values)
+
+
+def test_every_system_but_sft_has_a_knob():
+    from qeebm.demo import SYSTEMS
+
+    assert set(sweep.KNOBS) == set(SYSTEMS) - {"sft"}
+
+
+@pytest.mark.parametrize("name", [n for n in sweep.KNOBS])
+def test_every_knob_is_a_key_of_its_methods_recipe(name):
+    from qeebm.config import load_config
+    from qeebm.demo import CONFIGS, SYSTEMS
+
+    knob, values, _ = sweep.KNOBS[name]
+    cfg = load_config(CONFIGS / SYSTEMS[name], [f"{knob}={values[-1]:g}"])
+    section, key = knob.split(".")
+    assert getattr(getattr(cfg, section), key) == values[-1]
