@@ -242,7 +242,13 @@ class QeEbmConfig:
     measured on the first micro-batch of every ``rho_every``-th step (1: every step, the exact ratio
     when there is one micro-batch and one process; averaged over processes) and reused in between.
     rho = 0.1 means "the energy moves the model a tenth as hard as the supervised loss", whatever
-    the QE's score scale; each measurement costs two extra backward passes."""
+    the QE's score scale; each measurement costs two extra backward passes.
+
+    ``guards`` (off by default, as published): samples that trip a reward-hacking guard
+    (``guards``, qeebm/guards.py: empty, source copy, length ratio, repetition, script) carry no
+    energy, so the gradient cannot follow a QE that overrates them; their rate is logged as
+    ``guard/*``. The RL baselines rank such samples last; a guard has no gradient, so dropping them
+    is what QE-EBM can do with the same test."""
 
     num_samples: int = 5
     max_new_tokens: int = 50
@@ -258,6 +264,7 @@ class QeEbmConfig:
     weighting: str = "absolute"  # absolute | relative
     rho: float = 0.1
     rho_every: int = 1
+    guards: bool = False
 
 
 @dataclass

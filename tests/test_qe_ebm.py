@@ -8,6 +8,7 @@ model with the tiny mBART-50 tokenizer; the tiny NLLB has its own, so both bridg
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -156,6 +157,25 @@ def test_beta_zero_is_sft_exactly(world, tmp_path):
     assert [k for k in a if not torch.equal(a[k], b[k])] == []
     (ra,), (rb,) = read_metrics(sft.output.run_dir), read_metrics(qe.output.run_dir)
     assert rb["loss"] == ra["loss"] and rb["qe-ebm/alpha"] == 1.0 and rb["qe-ebm/beta"] == 0.0
+
+
+def test_guard_hits_carry_no_energy(world, tmp_path):
+    cfg = qe_config(world, tmp_path / "g", "qe_ebm.guards=true", "qe_ebm.beta_max=1.0", "qe_ebm.beta_ramp_steps=0")
+    _, method, batch = build(cfg)
+    r = method.rollout(batch)
+    assert r.keep is not None and r.keep.shape == (r.mt_ids.shape[0],)
+    # The logged hit rate is the share of samples dropped.
+    assert r.stats["guard/any"] == pytest.approx(1 - r.keep.mean().item())
+    energy = lambda keep: method.loss(dataclasses.replace(r, keep=keep)).metrics["qe-ebm/energy"]  # noqa: E731
+    every = energy(None)
+    half = torch.tensor([1.0, 0.0] * (len(r.keep) // 2))
+    # Masking is linear in the samples: the kept and the dropped halves add up to the whole.
+    assert energy(half) + energy(1 - half) == pytest.approx(every, abs=1e-6)
+    assert energy(torch.zeros_like(r.keep)) == 0.0
+    # Without guards nothing is dropped and nothing is checked.
+    _, plain, batch = build(qe_config(world, tmp_path / "p", "qe_ebm.beta_max=1.0", "qe_ebm.beta_ramp_steps=0"))
+    rp = plain.rollout(batch)
+    assert rp.keep is None and not any(k.startswith("guard/") for k in rp.stats)
 
 
 @pytest.mark.parametrize("family", ["nllb", "mbart"])

@@ -44,6 +44,7 @@ import torch.nn.functional as F
 from qeebm.config import Config, QEConfig, QeEbmConfig
 from qeebm.diagnostics import term_gradient_stats
 from qeebm.errors import QeebmError
+from qeebm.guards import check, hit_rates
 from qeebm.methods.base import Batch, Method, StepOutput
 from qeebm.methods.sampling import mono_sources, sample, sampling_config
 from qeebm.methods.sft import label_smoothed_ce
@@ -102,6 +103,8 @@ class QeEbmRollout:
     alignment:         the bridge's alignment of (mt_ids, mt_mask), reused by the energy.
     scores:            ``[M*K]`` exact QE scores of the samples when the relaxation's forward value is
                        not (softmax, gumbel-st); None under st, whose energy is the exact score.
+    keep:              ``[M*K]`` 1.0 for the samples whose energy counts, 0.0 for guard hits
+                       (``qe_ebm.guards``); None without guards.
     """
 
     batch: Batch
@@ -117,6 +120,7 @@ class QeEbmRollout:
     stats: dict[str, float]
     alignment: Alignment | None = None
     scores: torch.Tensor | None = None
+    keep: torch.Tensor | None = None
 
 
 class QeEbm(Method):
@@ -128,6 +132,7 @@ class QeEbm(Method):
         self.c, self.q = cfg.qe_ebm, cfg.qe
         self.translator, self.model = translator, model
         self.label_smoothing = cfg.optim.label_smoothing
+        self.guards, self.langs = cfg.guards, (cfg.model.src_lang, cfg.model.tgt_lang)
         self.k = self.c.num_samples
         # top_k 0 / top_p 1 / temperature 1: pure ancestral sampling, as the reference code sampled.
         self.gen = sampling_config(self.c)
@@ -214,11 +219,18 @@ class QeEbm(Method):
             "qe-ebm/empty_rate": sum(not t.strip() for t in texts) / norm,
             "qe-ebm/copy_rate": sum(bool(t.strip()) and _same_text(t, s) for t, s in zip(texts, src)) / norm,
         }
+        keep = None
+        if self.c.guards:
+            hits = check(list(src), list(texts), self.guards, tgt_lang=self.langs[1], src_lang=self.langs[0],
+                         count_tokens=tr.num_tokens)
+            stats |= hit_rates(hits, normaliser=norm)
+            keep = torch.tensor([0.0 if hit else 1.0 for hit in hits.any_hit], device=mt_ids.device)
         # Only the straight-through forward value is the exact score of the emitted text.
         scores = None if self.c.relaxation == "st" else self.energy.score_ids(src, mt_ids, mt_mask, alignment=alignment)
         return QeEbmRollout(batch=batch, src=src, input_ids=drawn.input_ids, attention_mask=drawn.attention_mask,
                             decoder_input_ids=drawn.decoder_input_ids, mt_ids=mt_ids, mt_mask=mt_mask,
-                            alpha=alpha, beta=beta, normaliser=norm, stats=stats, alignment=alignment, scores=scores)
+                            alpha=alpha, beta=beta, normaliser=norm, stats=stats, alignment=alignment, scores=scores,
+                            keep=keep)
 
     def loss(self, r: QeEbmRollout) -> StepOutput:
         b = r.batch
@@ -227,7 +239,7 @@ class QeEbm(Method):
                                decoder_input_ids=r.decoder_input_ids).logits  # [M*K, T, V]
         energy = self.energy(r.src, r.mt_ids, r.mt_mask, _upcast(tf_logits), relaxation=self.c.relaxation,
                              tau=self.c.tau, alignment=r.alignment)  # [M*K]
-        e = energy.sum() / r.normaliser
+        e = (energy if r.keep is None else energy * r.keep).sum() / r.normaliser
         alpha, beta = r.alpha, r.beta
         terms = {}
         metrics = {"qe-ebm/energy": e.item(), **r.stats}
