@@ -52,6 +52,7 @@ def variant_overrides(name: str, k: int) -> list[str]:
     method = name.split("-")[0] if not name.startswith("qe-ebm") else "qe-ebm"
     if method == "qe-ebm":
         return ["qe_ebm.alpha=0.0", "qe_ebm.beta_max=1.0", "qe_ebm.beta_ramp_steps=0", "qe_ebm.weighting=absolute",
+                "qe_ebm.guards=false",
                 f"qe_ebm.num_samples={k}", "qe_ebm.temperature=1.0", "qe_ebm.top_k=0", "qe_ebm.top_p=1.0"]
     if method == "reinforce":
         return ["reinforce.alpha=0.0", "reinforce.beta=1.0", "reinforce.guards=false", f"reinforce.num_samples={k}",
