@@ -1,6 +1,6 @@
 """The tuning sweep behind the tiny recipes' settings: the same trial budget for every method, on dev.
 
-    python scripts/sweep.py --world data/tinyworld --out runs/sweep
+    python scripts/sweep.py --world data/tinyworld --out runs/sweep --lr-factors 1 --test   # docs/results.md
 
 Every setting is trained under the demo's protocol (``qeebm/demo.py``: ``budget`` and
 ``run_overrides``; seed 42) from the same base: four learning rates for SFT, which has nothing else
@@ -9,8 +9,9 @@ and 1: an added loss term can want a smaller step; PPO also those divided by its
 per step), crossed with two values of the method's own knob:
 the energy's weight rho for QE-EBM (relative weighting), the policy-gradient weight beta for
 REINFORCE, the KL target for PPO, the pseudo-target weight for QE finetuning. A setting's score is
-its best validation on dev, by the selection metric (``--metric``: ``kiwi``, the published
-selection, or ``chrf``); both are in the table. The winners are what ``recipes/configs/tiny_*.yaml``
+its best validation on dev, by the selection metric (``--metric``: ``chrf``, the default, or
+``kiwi``, the published checkpoint selection; a Kiwi pick of settings chooses whatever raises the
+trained-on QE most, reward hacking included); both are in the table. The winners are what ``recipes/configs/tiny_*.yaml``
 use; the table goes to ``OUT/sweep.md`` and ``OUT/sweep.json``.
 
 The sweep does not read the test set. ``--test`` then evaluates the base and the winners on it, once,
@@ -85,7 +86,7 @@ def main(argv=None) -> int:
     p.add_argument("--world", default="data/tinyworld", help="a built tiny world (default %(default)s)")
     p.add_argument("--out", default="runs/sweep", help="output directory (default %(default)s)")
     p.add_argument("--methods", default=",".join(SYSTEMS), help="which systems (default: %(default)s)")
-    p.add_argument("--metric", default="kiwi", choices=["kiwi", "chrf"], help="what picks the winner (default %(default)s)")
+    p.add_argument("--metric", default="chrf", choices=["kiwi", "chrf"], help="what picks the winner (default %(default)s)")
     p.add_argument("--base", default="nllb", choices=["nllb", "mbart"])
     p.add_argument("--lr-factors", default="0.5,1",
                    help="the other methods' learning rates, as multiples of SFT's best (default %(default)s)")
