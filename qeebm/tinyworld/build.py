@@ -53,6 +53,7 @@ from qeebm.langcodes import FAMILIES
 log = logging.getLogger("qeebm.tinyworld")
 
 SHIPPED_QE = Path(__file__).resolve().parents[2] / "data" / "tinyworld-qe"
+BASE_PREFIXES = tuple(f"{f}-base/" for f in FAMILIES)  # the base translators' files in a world
 QE_MODELS = ("kiwi", "comet", "judge")  # every world's; the default one also has weaker kiwis
 
 
@@ -582,7 +583,7 @@ def copy_shipped_bases(shipped: Path, world: Path) -> dict:
     recorded = json.loads((shipped / "source.json").read_text())
     for family in FAMILIES:
         shutil.copytree(shipped / "bases" / f"{family}-base", world / f"{family}-base")
-    got = {k: v for k, v in hash_tree(world).items() if k.startswith(tuple(f"{f}-base/" for f in FAMILIES))}
+    got = {k: v for k, v in hash_tree(world).items() if k.startswith(BASE_PREFIXES)}
     if got != recorded["base_files"]:
         raise QeebmError(f"{shipped / 'bases'}: the files differ from their digests in {shipped / 'source.json'}")
     log.info("base translators: the shipped ones (%s)", shipped / "bases")
@@ -623,7 +624,7 @@ def export_qe(world: str | Path, out: str | Path) -> Path:
               "inputs_digest": qe_inputs_digest(world),
               "data_files": {k: v for k, v in files.items() if k.startswith(("tokenizers/", "data/"))},
               "qe_files": {k: v for k, v in files.items() if k.startswith("qe/")},
-              "base_files": {k: v for k, v in files.items() if k.startswith(tuple(f"{f}-base/" for f in FAMILIES))},
+              "base_files": {k: v for k, v in files.items() if k.startswith(BASE_PREFIXES)},
               "base_test": manifest["base_test"]}
     (staging / "source.json").write_text(json.dumps(source, indent=2, sort_keys=True) + "\n")
     shutil.rmtree(out, ignore_errors=True)
