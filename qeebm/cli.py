@@ -65,7 +65,8 @@ def cmd_score(args: argparse.Namespace) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
-    from qeebm.demo import SYSTEMS, run_demo
+    from qeebm.config import SYSTEMS
+    from qeebm.demo import run_demo
 
     systems = [s.strip() for s in args.systems.split(",")] if args.systems else None
     unknown = [s for s in systems or [] if s not in SYSTEMS]
@@ -158,7 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
         "  qe-finetune  CE + CE on the QE's (or MBR's) pick of N candidates        qe_finetune.*\n"
         "examples (recipes/configs/tiny_*.yaml, after `qeebm tinyworld build data/tinyworld`):\n"
         "  qeebm train --config recipes/configs/tiny_sft.yaml\n"
-        "  qeebm train --config recipes/configs/tiny_qe-ebm_static.yaml qe_ebm.rho=0.3 output.run_dir=runs/qe-ebm",
+        "  qeebm train --config recipes/configs/tiny_qe-ebm-static.yaml qe_ebm.rho=0.3 output.run_dir=runs/qe-ebm",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--config", "-c", help=CONFIG_HELP)
@@ -191,7 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
         "scripts/compare.py reads. Default metrics: all of them; with --tinyworld, the world's own\n"
         "QEs and no XCOMET. Each QE model is loaded only while it scores.",
         epilog="examples:\n"
-        "  qeebm evaluate --tinyworld data/tinyworld --run runs/tiny_qe-ebm_static\n"
+        "  qeebm evaluate --tinyworld data/tinyworld --run runs/tiny_qe-ebm-static\n"
         "  qeebm evaluate --model runs/sft/best --test test.tsv --metrics bleu,chrf,ter,comet,kiwi -o sft.json\n"
         "  qeebm evaluate --hyps out.txt --test test.tsv --no-neural\n"
         "  qeebm evaluate --tinyworld data/tinyworld --run runs/sft --rerank     # -> runs/sft/eval/test-rerank.json\n"

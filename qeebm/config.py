@@ -22,6 +22,12 @@ from qeebm.errors import QeebmError
 from qeebm.guards import GuardConfig
 
 TINYWORLD_DIR = "data/tinyworld"
+# One name per system everywhere: its recipe (recipes/configs/tiny_NAME.yaml, recipes/configs/real/
+# NAME.yaml), its run directory, the report's "system"; the tiny demo, the sweep and the real
+# recipes all list them from here, in this order.
+SYSTEMS = ("sft", "reinforce", "ppo", "qe-ebm-static", "qe-ebm-dynamic", "qe-finetune")
+# The published seeds; every `--seeds N` takes the first N (the tiny world's single-seed tables use 42).
+SEEDS = (42, 231, 6)
 # The file of each split inside a data directory (the tiny world's ``data/``, a prepared corpus).
 SPLIT_FILES = {"train": "train.tsv", "dev": "dev.tsv", "test": "test.tsv", "mono": "mono.txt"}
 

@@ -28,22 +28,17 @@ from pathlib import Path
 
 import torch
 
-from qeebm.config import data_path_overrides
+from qeebm.config import SEEDS, SYSTEMS, data_path_overrides
 from qeebm.tinyworld.build import build, is_built
 
 log = logging.getLogger("qeebm.demo")
 
 CONFIGS = Path(__file__).resolve().parent.parent / "recipes" / "configs"
-SEEDS = (42, 231, 6)  # the published seeds, in the order they are used
-# name -> recipe; the name is also the system's name in the table.
-SYSTEMS = {
-    "sft": "tiny_sft.yaml",
-    "reinforce": "tiny_reinforce.yaml",
-    "ppo": "tiny_ppo.yaml",
-    "qe-ebm-static": "tiny_qe-ebm_static.yaml",
-    "qe-ebm-dynamic": "tiny_qe-ebm_dynamic.yaml",
-    "qe-finetune": "tiny_qe-finetune.yaml",
-}
+
+
+def tiny_recipe(system: str) -> str:
+    """The tiny world's tuned recipe of a system (``scripts/sweep.py`` picked its settings)."""
+    return f"tiny_{system}.yaml"
 
 
 def budget(quick: bool) -> dict:
@@ -180,7 +175,7 @@ def train_runs(run_dirs: dict, world: Path, b: dict, base: str, seed: int | None
     timings = {}
     t = time.perf_counter()
     with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = [pool.submit(_train_worker, f"{name}/{key}", SYSTEMS[name],
+        futures = [pool.submit(_train_worker, f"{name}/{key}", tiny_recipe(name),
                                run_overrides(name, world, d, b, key if seed is None else seed, base)
                                + list((extra or {}).get((name, key), [])))
                    for (name, key), d in run_dirs.items()]

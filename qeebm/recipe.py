@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Union
 
-from qeebm.config import Config, data_path_overrides, flat_dict, load_config, to_dict
+from qeebm.config import SEEDS, SYSTEMS, Config, data_path_overrides, flat_dict, load_config, to_dict
 from qeebm.data_prep import HubCorpus, is_prepared
 from qeebm.errors import QeebmError
 from qeebm.langcodes import NLLB_TO_MBART50, to_model_code
@@ -46,10 +46,7 @@ log = logging.getLogger("qeebm.recipe")
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIGS = REPO / "recipes" / "configs" / "real"
-SEEDS = (231, 42, 6)
 DEFAULT_MODEL = "mbart50"
-# One name per system everywhere: the YAML file, the run directory, the report's "system".
-SYSTEMS = ("sft", "reinforce", "ppo", "qe-ebm-static", "qe-ebm-dynamic", "qe-finetune")
 
 
 @dataclass(frozen=True)

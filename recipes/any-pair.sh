@@ -27,7 +27,6 @@ def recipe(language: str, corpus_lang: str | None = None, corpus: str = "opus100
         tgt_lang=language,
         corpus=opus100(key) if corpus == "opus100" else ted_multi(key),
         models=("mbart50", "nllb600m"),
-        seeds=(231, 42, 6),
     )
 
 

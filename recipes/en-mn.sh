@@ -23,7 +23,6 @@ RECIPE = Recipe(
     tgt_lang="khk_Cyrl",  # Halh Mongolian; mBART-50: mn_MN
     corpus=ted_multi("mn"),  # ML50's TED pairs come from this corpus
     models=("mbart50", "nllb600m"),  # published: mBART-50; NLLB-200 with --model nllb600m
-    seeds=(231, 42, 6),
 )
 
 if __name__ == "__main__":

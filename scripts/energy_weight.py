@@ -50,7 +50,7 @@ def run(world: Path, run_dir: Path, steps: int, extra: list[str]) -> dict[str, f
         "logging.report_to=[]",
         *extra,
     ]
-    _train_worker(run_dir.name, "tiny_qe-ebm_static.yaml", overrides)
+    _train_worker(run_dir.name, "tiny_qe-ebm-static.yaml", overrides)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
     rows = [r for r in rows if "diag/ratio_energy" in r]
     return {k: statistics.fmean(r[k] for r in rows) for k in KEYS if rows and all(k in r for r in rows)}
@@ -64,7 +64,7 @@ def main(argv=None) -> int:
     p.add_argument("--rho", type=float, default=0.1, help="the relative weight (default %(default)s)")
     args = p.parse_args(argv)
     world = Path(args.world)
-    if not (CONFIGS / "tiny_qe-ebm_static.yaml").is_file() or not (world / "nllb-base").is_dir():
+    if not (CONFIGS / "tiny_qe-ebm-static.yaml").is_file() or not (world / "nllb-base").is_dir():
         print(f"error: {world} is not a built tiny world (qeebm tinyworld build {world})", file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory() as tmp:

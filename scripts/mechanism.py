@@ -40,9 +40,9 @@ from qeebm.demo import _train_worker
 
 # name -> (recipe, overrides): every variant optimises Kiwi alone.
 VARIANTS = {
-    "qe-ebm-st": ("tiny_qe-ebm_static.yaml", ["qe_ebm.relaxation=st"]),
-    "qe-ebm-softmax": ("tiny_qe-ebm_static.yaml", ["qe_ebm.relaxation=softmax"]),
-    "qe-ebm-gumbel-st": ("tiny_qe-ebm_static.yaml", ["qe_ebm.relaxation=gumbel-st"]),
+    "qe-ebm-st": ("tiny_qe-ebm-static.yaml", ["qe_ebm.relaxation=st"]),
+    "qe-ebm-softmax": ("tiny_qe-ebm-static.yaml", ["qe_ebm.relaxation=softmax"]),
+    "qe-ebm-gumbel-st": ("tiny_qe-ebm-static.yaml", ["qe_ebm.relaxation=gumbel-st"]),
     "reinforce-rloo": ("tiny_reinforce.yaml", ["reinforce.baseline=rloo"]),
     "ppo": ("tiny_ppo.yaml", []),
 }

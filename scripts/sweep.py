@@ -33,7 +33,8 @@ try:
 except ImportError:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from qeebm.demo import SYSTEMS, budget, evaluate_and_compare, train_runs
+from qeebm.config import SYSTEMS
+from qeebm.demo import budget, evaluate_and_compare, train_runs
 
 SFT_LRS = (2e-3, 4e-3, 6e-3, 8e-3)
 # Every other method: SFT's best learning rate and half of it (an added loss term can want a smaller

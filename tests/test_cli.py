@@ -51,7 +51,8 @@ def test_train_and_translate_on_the_micro_world(micro_world, tmp_path, capsys):
 
 
 def test_demo_quick_prints_the_method_table_with_selection_rows(micro_world, tmp_path, capsys, monkeypatch):
-    from qeebm.demo import SYSTEMS, run_demo
+    from qeebm.config import SYSTEMS
+    from qeebm.demo import run_demo
 
     monkeypatch.chdir(tmp_path)
     table = run_demo(world_dir=str(micro_world), quick=True, steps=2)

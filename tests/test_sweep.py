@@ -28,10 +28,10 @@ def test_every_other_method_gets_the_same_budget_at_sfts_learning_rates(name):
 
 def test_ppo_also_gets_those_rates_per_optimiser_update():
     from qeebm.config import load_config
-    from qeebm.demo import CONFIGS, SYSTEMS, budget, run_overrides
+    from qeebm.demo import CONFIGS, budget, run_overrides, tiny_recipe
 
     # The demo's PPO makes epochs x minibatches updates per step: the factor the extra rates use.
-    cfg = load_config(CONFIGS / SYSTEMS["ppo"], [o for o in run_overrides("ppo", Path("w"), Path("r"), budget(False), 42)
+    cfg = load_config(CONFIGS / tiny_recipe("ppo"), [o for o in run_overrides("ppo", Path("w"), Path("r"), budget(False), 42)
                                                  if o.startswith("ppo.")])
     assert cfg.ppo.epochs * cfg.ppo.minibatches == sweep.PPO_UPDATES_PER_STEP
     lrs = [o[0] for _, o in sweep.grid("ppo", 8e-3, (1.0,))]
@@ -39,7 +39,7 @@ def test_ppo_also_gets_those_rates_per_optimiser_update():
 
 
 def test_every_system_but_sft_has_a_knob():
-    from qeebm.demo import SYSTEMS
+    from qeebm.config import SYSTEMS
 
     assert set(sweep.KNOBS) == set(SYSTEMS) - {"sft"}
 
@@ -47,9 +47,9 @@ def test_every_system_but_sft_has_a_knob():
 @pytest.mark.parametrize("name", [n for n in sweep.KNOBS])
 def test_every_knob_is_a_key_of_its_methods_recipe(name):
     from qeebm.config import load_config
-    from qeebm.demo import CONFIGS, SYSTEMS
+    from qeebm.demo import CONFIGS, tiny_recipe
 
     knob, values, _ = sweep.KNOBS[name]
-    cfg = load_config(CONFIGS / SYSTEMS[name], [f"{knob}={values[-1]:g}"])
+    cfg = load_config(CONFIGS / tiny_recipe(name), [f"{knob}={values[-1]:g}"])
     section, key = knob.split(".")
     assert getattr(getattr(cfg, section), key) == values[-1]
