@@ -44,6 +44,7 @@ import numpy as np
 
 from qeebm import __version__ as QEEBM_VERSION
 from qeebm.errors import QeebmError
+from qeebm.runlog import log_path, read_metrics
 from qeebm.report import (
     LOWER_IS_BETTER,
     SACREBLEU_METRICS,
@@ -703,30 +704,15 @@ def plot_metrics(result: Comparison, out_dir: Path) -> list[Path]:
     return paths
 
 
-def read_metrics_log(path: Path) -> list[dict]:
-    records = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise QeebmError(f"{path}:{number}: not valid JSON ({err.msg})") from None
-        if not isinstance(record, dict) or "step" not in record:
-            raise QeebmError(f"{path}:{number}: expected an object with a 'step' key")
-        records.append(record)
-    return records
-
-
 def plot_curves(runs: Iterable[tuple[str, Path]], keys: Sequence[str], out_dir: Path) -> tuple[list[Path], list[str]]:
     """Training curves from each run's metrics.jsonl: one PNG per logged key that matches one of
     ``keys`` (shell patterns, e.g. ``*/reward``), one line per run. Returns the files and notes
     about runs without a log."""
     logs, notes = {}, []
     for name, run_dir in runs:
-        path = run_dir / "metrics.jsonl"
+        path = log_path(run_dir)
         if path.is_file():
-            logs[name] = read_metrics_log(path)
+            logs[name] = read_metrics(path)
         else:
             notes.append(f"note: no training curves for {name}: {path} does not exist")
     logged = sorted({k for records in logs.values() for r in records for k in r if k != "step"})

@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from qeebm.config import SEEDS, SYSTEMS, data_path_overrides
+from qeebm.runlog import validations
 from qeebm.tinyworld.build import build, is_built
 
 log = logging.getLogger("qeebm.demo")
@@ -129,8 +130,7 @@ def best_system(run_dirs: dict) -> str:
     """The trained system with the best dev chrF++ (its runs' best validation, mean over seeds)."""
     scores: dict[str, list[float]] = {}
     for (name, _), run_dir in run_dirs.items():
-        rows = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
-        chrf = [r["val/chrf"] for r in rows if "val/chrf" in r]
+        chrf = [r["val/chrf"] for r in validations(run_dir, "val/chrf")]
         scores.setdefault(name, []).append(max(chrf) if chrf else float("-inf"))
     return max(scores, key=lambda name: sum(scores[name]) / len(scores[name]))
 

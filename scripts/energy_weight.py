@@ -14,7 +14,6 @@ CometKiwi on mBART-50: this says what it means for another QE and translator.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -27,6 +26,7 @@ except ImportError:  # run from a checkout without `pip install -e .`
 
 from qeebm.config import data_path_overrides
 from qeebm.demo import CONFIGS, _train_worker
+from qeebm.runlog import validations
 
 KEYS = ("diag/grad_ce", "diag/grad_energy", "diag/ratio_energy", "diag/cos_energy", "qe-ebm/beta",
         "qe-ebm/score_spread", "qe-ebm/sample_score")
@@ -51,8 +51,7 @@ def run(world: Path, run_dir: Path, steps: int, extra: list[str]) -> dict[str, f
         *extra,
     ]
     _train_worker(run_dir.name, "tiny_qe-ebm-static.yaml", overrides)
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
-    rows = [r for r in rows if "diag/ratio_energy" in r]
+    rows = validations(run_dir, "diag/ratio_energy")
     return {k: statistics.fmean(r[k] for r in rows) for k in KEYS if rows and all(k in r for r in rows)}
 
 

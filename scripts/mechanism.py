@@ -37,6 +37,7 @@ except ImportError:  # run from a checkout without `pip install -e .`
 
 from qeebm.config import data_path_overrides
 from qeebm.demo import _train_worker
+from qeebm.runlog import read_metrics, validations
 
 # name -> (recipe, overrides): every variant optimises Kiwi alone.
 VARIANTS = {
@@ -90,14 +91,12 @@ def overrides(name: str, lr: float, args, run_dir: Path) -> list[str]:
 
 
 def read_validations(run_dir: Path) -> list[dict]:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
-    return [r for r in rows if "val/kiwi" in r]
+    return validations(run_dir, "val/kiwi")
 
 
 def sample_length_ratio(run_dir: Path, step: int) -> float | None:
     """The training samples' output/source length ratio logged at ``step`` (None if not logged)."""
-    for line in (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines():
-        row = json.loads(line)
+    for row in read_metrics(run_dir):
         if row.get("step") == step and "val/kiwi" not in row:
             ratio = [v for k, v in row.items() if k.endswith("/len_ratio")]
             if ratio:

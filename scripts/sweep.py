@@ -35,6 +35,7 @@ except ImportError:  # run from a checkout without `pip install -e .`
 
 from qeebm.config import SYSTEMS
 from qeebm.demo import budget, evaluate_and_compare, train_runs
+from qeebm.runlog import best_validation
 
 SFT_LRS = (2e-3, 4e-3, 6e-3, 8e-3)
 # Every other method: SFT's best learning rate and half of it (an added loss term can want a smaller
@@ -70,8 +71,7 @@ def grid(name: str, sft_lr: float, lr_factors=(0.5, 1.0)) -> list[tuple[str, lis
 
 
 def best_dev(run_dir: Path, metric: str) -> tuple[float, int]:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
-    return max((r[f"val/{metric}"], r["step"]) for r in rows if f"val/{metric}" in r)
+    return best_validation(run_dir, f"val/{metric}")
 
 
 def train_all(runs: dict, settings: dict, world: Path, b: dict, base: str) -> None:
