@@ -1,4 +1,15 @@
-"""Micro-benchmarks, offline, on random-weight models: `python scripts/bench.py --what scoring`.
+"""Micro-benchmarks, offline: `python scripts/bench.py --what scoring` and `--what step`.
+
+step: a few training steps of each method (sft, reinforce, ppo, qe-ebm static and dynamic) in a fresh
+process each, every phase timed (qeebm/benchmark.py: sampling, teacher-forced replay, relaxation and
+bridge, alignment, QE forward, backward, optimiser, other), with each phase's FLOP floor at the fp32
+matmul rate measured in the same run and the process's peak resident memory during the timed steps;
+(a) on the tiny world with its recipes' shapes, (b) on random weights of the published shapes
+(NLLB-200-distilled-600M or mbart-large-50 with LoRA, --full adds QE-EBM static with full fine-tuning;
+a CometKiwi-22-shaped QE: InfoXLM-large encoder, vocabulary 250,002) at --step-batch labelled pairs
+and sources x --samples samples of at most --new-tokens tokens. The real-shape models use the tiny
+world's tokenizers; the vocabulary rows beyond them are suppressed at sampling (one index_fill more
+per sampled step than a real checkpoint's ~200 special tokens cost).
 
 scoring: segments/s of `QEScorer` against comet's `model.predict(gpus=0)` on the same model and
 data, and against the FLOP floor 2 x (encoder parameters without embeddings) x (real, unpadded
@@ -164,7 +175,155 @@ def bench_scoring(args) -> None:
               f"{rate['floor']:.1f} | {rate['floor'] / rate['scorer']:.2f}x |")
 
 
-BENCHMARKS = {"scoring": bench_scoring}
+# --- step: one training step of each method, decomposed (qeebm/benchmark.py) -----------------------
+
+STEP_METHODS = ("sft", "reinforce", "ppo", "qe-ebm-static", "qe-ebm-dynamic")
+SAMPLING_SECTION = {"reinforce": "reinforce", "ppo": "ppo", "qe-ebm-static": "qe_ebm", "qe-ebm-dynamic": "qe_ebm"}
+# Published shapes, random weights: NLLB-200-distilled-600M / mbart-large-50 and CometKiwi-22
+# (InfoXLM-large encoder, estimator 3072-1024).
+REAL_TRANSLATORS = {"nllb": dict(vocab_size=256206, d_model=1024, layers=12, heads=16, ffn=4096, max_positions=1024),
+                    "mbart": dict(vocab_size=250054, d_model=1024, layers=12, heads=16, ffn=4096, max_positions=1024)}
+REAL_KIWI = dict(hidden=1024, layers=24, heads=16, ffn=4096, vocab_size=250002, max_positions=514)
+
+
+def real_world(tiny: Path, out: Path, family: str) -> tuple[Path, Path]:
+    """A random-weight translator and CometKiwi of the published shapes, on the tiny world's
+    tokenizers (the extra vocabulary rows are never emitted: the step worker suppresses them).
+    Written once under ``out`` and reused."""
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    from qeebm.qe.models import save_qe
+    from qeebm.qe.tiny import new_qe, write_encoder
+    from qeebm.tinyworld.models import tiny_config, tiny_generation_config
+
+    translator, kiwi = out / f"{family}-real", out / "kiwi-real"
+    if not (translator / "config.json").is_file():
+        shape = dict(REAL_TRANSLATORS[family])
+        config = tiny_config(family, vocab_size=shape.pop("vocab_size"), dropout=0.1, **shape)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            model = AutoModelForSeq2SeqLM.from_config(config)
+        model.generation_config = tiny_generation_config(family, config.max_position_embeddings)
+        model.save_pretrained(str(translator))
+        tok = AutoTokenizer.from_pretrained(str(tiny / "tokenizers" / ("nllb" if family == "nllb" else "mbart50")))
+        tok.save_pretrained(str(translator))
+        del model
+    if not (kiwi / "checkpoints").is_dir():
+        enc = write_encoder(kiwi, tiny / "tokenizers" / "xlmr", init_std=0.02, **REAL_KIWI)
+        save_qe(new_qe("kiwi", enc, seed=0), kiwi)
+    return translator, kiwi
+
+
+def step_worker(recipe: str, overrides: list[str], threads: int, suppress_unknown: bool) -> dict:
+    """Train a few steps in this (fresh) process with every phase timed; returns the summary."""
+    import logging
+
+    torch.set_num_threads(threads)
+    logging.basicConfig(level=logging.WARNING)
+    from qeebm.benchmark import PhaseTimer, instrument, peak_rss, reset_peak_rss
+    from qeebm.config import load_config
+    from qeebm.demo import CONFIGS
+    from qeebm.loop import train
+
+    if suppress_unknown:
+        import functools
+
+        from qeebm.translator import Translator
+
+        special = Translator.suppressed_ids.func
+
+        def suppressed(self):  # the benchmark's models have rows beyond the tiny tokenizer's vocabulary
+            return sorted(set(special(self)) | set(range(len(self.tokenizer), self.model.config.vocab_size)))
+
+        Translator.suppressed_ids = functools.cached_property(suppressed)
+        Translator.suppressed_ids.__set_name__(Translator, "suppressed_ids")
+    timer = PhaseTimer()
+    instrument(timer)
+    timer.before_step = lambda i: reset_peak_rss() if i == 1 else None
+    timer.after_step = lambda: {"peak_rss": peak_rss()}
+    cfg = load_config(CONFIGS / recipe, overrides)
+    train(cfg)
+    summary = timer.summary(skip=1)
+    timer.restore()
+    return summary
+
+
+def step_overrides(name: str, world: Path, run_dir: Path, args, translator: Path | None = None,
+                   kiwi: Path | None = None, lora: bool = False) -> list[str]:
+    from qeebm.demo import run_overrides
+
+    b = {"steps": args.steps + 1, "batch_size": args.step_batch, "every": 0, "patience": 0, "eval_examples": 8}
+    out = run_overrides(name, world, run_dir, b, seed=42) + ["output.save_every=0", "eval.max_examples=4"]
+    if name in SAMPLING_SECTION:
+        section = SAMPLING_SECTION[name]
+        out += [f"{section}.num_samples={args.samples}", f"{section}.max_new_tokens={args.new_tokens}"]
+    if translator is not None:
+        out += [f"model.name_or_path={translator}", f"qe.path={kiwi}", "generation.max_new_tokens=8"]
+    if lora:
+        out += ["model.lora.enabled=true"]
+    return out
+
+
+def bench_step(args) -> None:
+    import multiprocessing
+    import shutil
+    from concurrent.futures import ProcessPoolExecutor
+
+    from qeebm.demo import tiny_recipe
+    from qeebm.tinyworld.build import build, is_built
+
+    world = Path(args.world)
+    if not is_built(world):
+        build(world)
+    rate = matmul_gflops() * 1e9
+    print(f"torch {torch.__version__}, {args.threads} thread(s), fp32 matmul {rate / 1e9:.0f} GFLOP/s (2048^3, best "
+          f"of 5), load average {os.getloadavg()[0]:.1f}; {args.steps} timed step(s) after 1 warm-up step")
+    cases = []  # (label, recipe, overrides, suppress)
+    methods = args.methods.split(",")
+    tmp = Path(tempfile.mkdtemp(prefix="qeebm-bench-"))
+    if "tiny" in args.sizes:
+        for name in methods:
+            cases.append((f"{name}, tiny world (recipe shapes)", tiny_recipe(name),
+                          step_overrides(name, world, tmp / f"tiny-{name}", argparse.Namespace(
+                              steps=args.steps, step_batch=16, samples=5, new_tokens=50)), False))
+    if "real" in args.sizes:
+        translator, kiwi = real_world(world, Path(args.real_dir), args.family)
+        for name in methods:
+            for lora in ([True, False] if (args.full and name == "qe-ebm-static") else [True]):
+                label = f"{name}, {args.family} 600M-shape + CometKiwi-22-shape, {'LoRA' if lora else 'full'}"
+                cases.append((label, tiny_recipe(name), step_overrides(name, world, tmp / f"real-{name}-{lora}", args,
+                                                                       translator, kiwi, lora), True))
+    rows = []
+    ctx = multiprocessing.get_context("spawn")
+    try:
+        for label, recipe, overrides, suppress in cases:
+            with ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:  # a fresh process: its own peak memory
+                rows.append((label, pool.submit(step_worker, recipe, overrides, args.threads, suppress).result()))
+            shutil.rmtree(tmp, ignore_errors=True)
+            print(f"  {label}: {rows[-1][1]['total']:.2f} s/step", flush=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    from qeebm.benchmark import PHASES
+
+    print("\nseconds per step by phase (in brackets: time / FLOP floor at the measured matmul rate)\n")
+    print("| method | step s | " + " | ".join(PHASES) + " | overhead share | peak RSS GiB |")
+    print("|---|---:|" + "---:|" * len(PHASES) + "---:|---:|")
+    for label, r in rows:
+        cells = []
+        for p in PHASES:
+            sec, floor = r["seconds"][p], r["flops"][p] / rate
+            cells.append(f"{sec:.3f}" + (f" ({sec / floor:.1f}x)" if floor > 0 else ""))
+        overhead = (r["seconds"]["other"] + r["seconds"]["alignment"]) / r["total"]
+        print(f"| {label} | {r['total']:.3f} | " + " | ".join(cells) + f" | {overhead:.0%} | {r['peak_rss'] / 2**30:.2f} |")
+    print()
+    for label, r in rows:
+        rest = r["total"] - r["seconds"]["sampling"]
+        floor = sum(r["flops"][p] for p in PHASES if p != "sampling") / rate
+        if floor > 0:
+            print(f"{label}: step without generation {rest:.2f} s = {rest / floor:.1f}x its FLOP floor ({floor:.2f} s)")
+
+
+BENCHMARKS = {"scoring": bench_scoring, "step": bench_step}
 
 
 def main(argv=None) -> None:
@@ -174,8 +333,22 @@ def main(argv=None) -> None:
     parser.add_argument("--n-base", type=int, default=96, help="segments for the base-shaped QE")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--max-tokens", type=int, default=2048, help="QEScorer's max_tokens")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's; step: 1)")
+    step = parser.add_argument_group("--what step")
+    step.add_argument("--methods", default=",".join(STEP_METHODS), help="(default: %(default)s)")
+    step.add_argument("--sizes", default="tiny,real", help="tiny (the tiny world's recipes) and/or real (random "
+                      "weights of the published shapes, LoRA)")
+    step.add_argument("--world", default="data/tinyworld", help="the tiny world (built if absent)")
+    step.add_argument("--real-dir", default="runs/bench-real", help="where the real-shape models are written once")
+    step.add_argument("--family", default="nllb", choices=["nllb", "mbart"], help="real-shape translator")
+    step.add_argument("--full", action="store_true", help="real size: QE-EBM static with full fine-tuning too")
+    step.add_argument("--steps", type=int, default=3, help="timed steps per method, after one warm-up step")
+    step.add_argument("--step-batch", type=int, default=4, help="real size: labelled pairs and sources per step")
+    step.add_argument("--samples", type=int, default=5, help="real size: samples per source")
+    step.add_argument("--new-tokens", type=int, default=24, help="real size: sampled tokens at most")
     args = parser.parse_args(argv)
+    if args.what == "step":
+        args.threads = args.threads or 1
     if args.threads:
         torch.set_num_threads(args.threads)
     BENCHMARKS[args.what](args)

@@ -1,0 +1,92 @@
+"""The step benchmark's instruments (qeebm/benchmark.py): FLOP floors equal hand counts, and phases
+are charged exclusive time (on a fake clock)."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+from helpers import tiny_translator_dir
+from transformers import AutoModelForSeq2SeqLM, XLMRobertaConfig, XLMRobertaModel
+
+import qeebm.benchmark as bm
+
+
+def test_translator_flops_equal_a_hand_count():
+    model = AutoModelForSeq2SeqLM.from_pretrained(str(tiny_translator_dir("nllb")))
+    c = model.config
+    d, f, v = c.d_model, c.encoder_ffn_dim, c.vocab_size
+    enc = c.encoder_layers * (4 * d * d + 2 * d * f)  # q, k, v, out; fc1, fc2 (biases are not matmuls)
+    dec = c.decoder_layers * (8 * d * d + 2 * d * f)  # self- and cross-attention; fc1, fc2
+    head = d * v
+    fwd, bwd = bm.translator_flops(model, enc_tokens=7, dec_tokens=5)
+    assert fwd == 2 * (enc * 7 + (dec + head) * 5)
+    assert bwd == 2 * fwd  # everything trained: activation and weight gradients
+    assert bm.generation_flops(model, src_tokens=7, new_tokens=5) == fwd
+    for p in model.parameters():
+        p.requires_grad_(False)
+    assert bm.translator_flops(model, 7, 5) == (fwd, fwd)  # frozen: activation gradients only
+
+
+def test_encoder_flops_equal_a_hand_count():
+    h, f, layers = 16, 24, 3
+    encoder = XLMRobertaModel(XLMRobertaConfig(vocab_size=50, hidden_size=h, num_hidden_layers=layers,
+                                               num_attention_heads=2, intermediate_size=f, max_position_embeddings=40))
+    per_layer = 4 * h * h + 2 * h * f
+    pooler = h * h  # XLM-R's pooler is a linear layer too
+    assert bm.linear_params(encoder) == layers * per_layer + pooler
+    encoder.requires_grad_(False)
+    assert bm.encoder_flops(encoder, 10) == (2 * 10 * (layers * per_layer + pooler),) * 2
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    c = FakeClock()
+    monkeypatch.setattr(bm.time, "perf_counter", c)
+    return c
+
+
+def test_phases_are_charged_exclusive_time_and_sampling_absorbs_what_it_calls(clock):
+    timer = bm.PhaseTimer()
+    work = types.SimpleNamespace()
+
+    def qe(t):
+        clock.now += t
+
+    def energy():  # 1 s of its own around a 2 s QE call
+        clock.now += 0.5
+        work.qe(2.0)
+        clock.now += 0.5
+
+    def generate():  # a QE call inside generation is generation's
+        work.qe(3.0)
+
+    def step():
+        clock.now += 0.25
+        work.energy()
+        work.generate()
+
+    work.qe, work.energy, work.generate, work.step = qe, energy, generate, step
+    timer.wrap(work, "qe", "qe forward", lambda a, k, out: 10.0)
+    timer.wrap(work, "energy", "relax+bridge")
+    timer.wrap(work, "generate", "sampling")
+    timer.wrap_step(work, "step")
+    work.step()
+    work.step()
+    record = timer.steps[0]
+    assert record["total"] == 6.25
+    assert record["seconds"] == {"other": 0.25, "relax+bridge": 1.0, "qe forward": 2.0, "sampling": 3.0}
+    assert record["flops"] == {"qe forward": 10.0}  # the absorbed call counts no floor of its own
+    summary = timer.summary(skip=1)
+    assert summary["steps"] == 1 and summary["total"] == 6.25 and sum(summary["seconds"].values()) == 6.25
+    timer.restore()
+    assert work.qe is qe and work.step is step
