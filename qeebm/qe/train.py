@@ -25,6 +25,7 @@ import torch
 
 from qeebm.errors import QeebmError
 from qeebm.qe.models import qe_kind, save_qe  # noqa: F401 - save_qe is part of this module's API
+from qeebm.qe.scoring import pad_rows
 
 log = logging.getLogger(__name__)
 
@@ -131,10 +132,9 @@ def _source_groups(rows) -> list[int]:
 
 
 def _pad(seqs: list[torch.Tensor], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    ids = torch.nn.utils.rnn.pad_sequence(seqs, batch_first=True, padding_value=pad_id)
-    lengths = torch.tensor([len(s) for s in seqs])
-    mask = (torch.arange(ids.shape[1])[None, :] < lengths[:, None]).long()
-    return ids.to(device), mask.to(device)
+    """``scoring.pad_rows`` on id tensors, with the integer mask comet's training step is given."""
+    ids, mask = pad_rows([s.tolist() for s in seqs], pad_id, device)
+    return ids, mask.long()
 
 
 def _embed_unique(model, seqs: list[torch.Tensor], pad: int, device) -> torch.Tensor:
