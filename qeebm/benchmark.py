@@ -45,11 +45,6 @@ def seq2seq_parts(model) -> tuple[torch.nn.Module, torch.nn.Module, torch.nn.Mod
     return base.model.encoder, base.model.decoder, base.lm_head
 
 
-def lora_params(module: torch.nn.Module) -> int:
-    """Trained adapter matrices inside the module (peft's lora_A / lora_B are ``nn.Linear`` too)."""
-    return sum(p.numel() for n, p in module.named_parameters() if p.requires_grad and "lora_" in n)
-
-
 def translator_flops(model, enc_tokens: int, dec_tokens: int) -> tuple[float, float]:
     """FLOP floors of one teacher-forced forward and of its backward (activation gradients through
     every matrix, weight gradients for the trained ones: all of them, or LoRA's adapters)."""
