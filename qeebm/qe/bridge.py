@@ -81,6 +81,11 @@ class Alignment:
     weight: Tensor
     forward_ids: list[list[int]] = field(default_factory=list)
 
+    def entries(self, length: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """``rows, qe_pos, nmt_pos, weight`` of the triples whose QE position is below ``length``."""
+        keep = self.qe_pos < length
+        return self.rows[keep], self.qe_pos[keep], self.nmt_pos[keep], self.weight[keep]
+
 
 class Bridge(nn.Module):
     """Maps translator-side (relaxed) tokens into the QE's input-embedding space.
@@ -177,31 +182,29 @@ class Bridge(nn.Module):
         Position ``j`` of the result belongs to QE mt position ``j``; alignment entries at positions
         ``>= length`` are ignored.
         """
-        bsz = probs.shape[0]
+        bsz, steps = probs.shape[:2]
         h = qe_embeddings.shape[1]
         if probs.shape[-1] != self.vocab_size:
             raise ValueError(f"logits have {probs.shape[-1]} classes, the bridge maps {self.vocab_size}")
         table = self.table(qe_embeddings)  # [V_nmt, H]
         dev = probs.device
-        keep = alignment.qe_pos < length
-        rows = alignment.rows[keep].to(dev)
-        qe_pos = alignment.qe_pos[keep].to(dev)
-        nmt_pos = alignment.nmt_pos[keep].to(dev)
-        weight = alignment.weight[keep].to(device=dev, dtype=qe_embeddings.dtype)
+        rows, qe_pos, nmt_pos, weight = (t.to(dev) for t in alignment.entries(length))
+        weight = weight.to(qe_embeddings.dtype)
         out = qe_embeddings.new_zeros(bsz, length, h)
         if rows.numel() == 0:
             # Nothing reaches the QE (empty outputs): keep the graph so backward() still runs.
             return out + 0.0 * probs.sum().to(out.dtype)
-        z = probs.to(qe_embeddings.dtype) @ table  # [B, T, H]
-        z = z[rows, nmt_pos]  # [N, H]
+        # Only the translator steps the QE sees are multiplied, each once: [U, V_nmt] @ [V_nmt, H].
+        steps_seen, which = torch.unique(rows * steps + nmt_pos, return_inverse=True)
+        p = probs.reshape(bsz * steps, -1).index_select(0, steps_seen).to(qe_embeddings.dtype)
         if relaxation == "softmax":
-            d = z - table[forward_ids.to(dev)[rows, nmt_pos]]
+            d = p @ table - table[forward_ids.to(dev).reshape(-1).index_select(0, steps_seen)]
         elif relaxation in ("st", "gumbel-st"):
-            d = z - z.detach()
+            d = _zero_forward_product(p, table)
         else:
             raise ValueError(f"unknown relaxation {relaxation!r}")
         # Under autocast the product may come out in another dtype than the embeddings.
-        return out.index_put((rows, qe_pos), (d * weight[:, None]).to(out.dtype), accumulate=True)
+        return out.index_put((rows, qe_pos), (d[which] * weight[:, None]).to(out.dtype), accumulate=True)
 
     # ----------------------------------------------------------------------------- alignment
     def decode(self, mt_ids: Tensor, mt_mask: Tensor) -> list[str]:
@@ -272,6 +275,27 @@ class Bridge(nn.Module):
 
 
 # --------------------------------------------------------------------------------- helpers
+class _ZeroForwardProduct(torch.autograd.Function):
+    """``(p - sg(p)) @ B``: zero in value, the product's gradient in backward. The straight-through
+    shift needs the ``[U, V_nmt] @ [V_nmt, H]`` product only in the backward pass; autograd on
+    ``z - z.detach()`` would compute it in the forward pass too, for nothing."""
+
+    @staticmethod
+    def forward(ctx, p: Tensor, table: Tensor) -> Tensor:
+        ctx.save_for_backward(p, table)
+        return p.new_zeros(p.shape[0], table.shape[1])
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        p, table = ctx.saved_tensors
+        grad_p = grad @ table.T if ctx.needs_input_grad[0] else None
+        grad_table = p.T @ grad if ctx.needs_input_grad[1] else None
+        return grad_p, grad_table
+
+
+_zero_forward_product = _ZeroForwardProduct.apply
+
+
 def _special_ids(tokenizer) -> set[int]:
     ids = set(tokenizer.all_special_ids)
     # Language codes and <mask> are registered as special added tokens; decode(skip_special_tokens)
