@@ -170,6 +170,7 @@ def instrument(timer: PhaseTimer) -> None:
     from transformers import M2M100ForConditionalGeneration, MBartForConditionalGeneration, XLMRobertaModel
 
     import qeebm.loop
+    import qeebm.qe.energy
     import qeebm.qe.scoring
     from qeebm.qe.bridge import Bridge
     from qeebm.qe.energy import KiwiEnergy
@@ -203,12 +204,16 @@ def instrument(timer: PhaseTimer) -> None:
         return with_backward(hidden, *encoder_flops(args[0], int(mask.sum())))
 
     def packed_flops(args, kwargs, out):
-        return encoder_flops(args[0].encoder.model, int(args[2].sum()))[0]
+        return with_backward(out, *encoder_flops(args[0].encoder.model, int(args[2].sum())))
 
     def bridge_flops(args, kwargs, out):
-        qe_embeddings, probs = args[1], args[2]  # probs [B, T, V_nmt] @ table [V_nmt, H]
-        forward = 2.0 * probs.shape[0] * probs.shape[1] * probs.shape[2] * qe_embeddings.shape[1]
-        return with_backward(out, forward, forward)
+        # [U, V_nmt] @ table [V_nmt, H] over the U distinct translator steps the QE sees; the
+        # straight-through relaxations need it in the backward pass only.
+        qe_embeddings, probs, alignment, length = args[1], args[2], args[4], args[5]
+        relaxation = args[6] if len(args) > 6 else kwargs.get("relaxation", "st")
+        rows, _, nmt_pos, _ = alignment.entries(length)
+        product = 2.0 * torch.unique(rows * probs.shape[1] + nmt_pos).numel() * probs.shape[2] * qe_embeddings.shape[1]
+        return with_backward(out, product if relaxation == "softmax" else 0.0, product)
 
     timer.wrap_step(qeebm.loop, "train_step")
     timer.wrap(Translator, "generate_ids", "sampling", sampling_flops)
@@ -216,6 +221,7 @@ def instrument(timer: PhaseTimer) -> None:
         timer.wrap(cls, "forward", "replay", replay_flops)
     timer.wrap(XLMRobertaModel, "forward", "qe forward", qe_flops)
     timer.wrap(qeebm.qe.scoring, "packed_scores", "qe forward", packed_flops)
+    timer.wrap(qeebm.qe.energy, "packed_scores", "qe forward", packed_flops)
     timer.wrap(KiwiEnergy, "_relax", "relax+bridge")
     timer.wrap(Bridge, "shift", "relax+bridge", bridge_flops)
     timer.wrap(Bridge, "align", "alignment")

@@ -39,7 +39,8 @@ from qeebm.errors import QeebmError
 
 STEP_DIR = re.compile(r"^step-(\d+)$")
 # Config keys that may change between a run and its resume: they do not change the weights.
-RESUMABLE_CHANGES = ("logging.", "output.", "optim.max_steps", "optim.max_nonfinite_steps", "eval.every", "eval.patience")
+RESUMABLE_CHANGES = ("logging.", "output.", "optim.max_steps", "optim.max_nonfinite_steps", "eval.every", "eval.patience",
+                     "model.gradient_checkpointing", "qe.gradient_checkpointing")
 
 
 @contextlib.contextmanager

@@ -58,6 +58,9 @@ class ModelConfig:
     tgt_lang: str = "khk_Cyrl"
     # None keeps the checkpoint's dropout; 0.0 makes training steps deterministic (parity checks).
     dropout: Optional[float] = None
+    # Recompute each layer's activations in the backward pass instead of keeping them (transformers'
+    # gradient checkpointing): less memory for one more forward of time; the gradients are the same.
+    gradient_checkpointing: bool = False
     lora: LoraConfig = field(default_factory=LoraConfig)
 
 
@@ -227,6 +230,9 @@ class QEConfig:
     heldout_path: str = ""  # dynamic: judged (src, mt, score) rows; "auto": beside `path`; "" = none
     heldout_every: int = 10  # QE updates between held-out measurements
     heldout_max_rows: int = 500  # the first rows of heldout_path only (0: all), to keep it cheap
+    # The energy's QE encoder recomputes each layer in the backward pass instead of keeping its
+    # activations (a CometKiwi on XLM-R / InfoXLM only): less memory, the same gradients.
+    gradient_checkpointing: bool = False
 
 
 @dataclass

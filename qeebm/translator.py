@@ -221,6 +221,9 @@ class Translator:
         tokenizer.tgt_lang = tgt_code
 
         model, original_dropout = _load_weights(base_name, base_local, config, cfg.dropout)
+        if cfg.gradient_checkpointing:
+            # transformers recomputes only in train mode; generation (eval mode) keeps its cache.
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if adapter:
             from peft import PeftModel
 

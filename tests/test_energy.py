@@ -20,6 +20,7 @@ import torch
 
 from qe_helpers import predict
 from qeebm.config import GenerationConfig, ModelConfig
+from qeebm.errors import QeebmError
 from qeebm.qe.bridge import Bridge
 from qeebm.qe.energy import KiwiEnergy
 from qeebm.qe.models import load_qe
@@ -334,3 +335,62 @@ def test_rejects_bad_inputs(kiwi, translators):
         energy(SRCS[:1], ids, mask, logits)
     with pytest.raises(ValueError, match="classes"):
         energy(SRCS[:2], ids, mask, logits[..., :-1])
+
+
+def _energy_and_grad(energy, tr, relaxation, seed=3):
+    ids, mask = emitted(tr, TEXTS)
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(*ids.shape, tr.model.config.vocab_size, generator=g).requires_grad_(True)
+    e = energy(SRCS, ids, mask, logits, relaxation=relaxation, tau=0.7,
+               generator=torch.Generator().manual_seed(seed))
+    (e * torch.linspace(0.5, 1.5, len(e))).sum().backward()
+    return e.detach(), logits.grad
+
+
+@pytest.mark.parametrize("relaxation", ["st", "softmax", "gumbel-st"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_packed_energy_equals_the_padded_one(kiwi, translators, family, relaxation, monkeypatch):
+    tr = translators[family]
+    energy = energy_for(kiwi, tr)
+    ids, mask = emitted(tr, TEXTS)
+    rows = [len(q) for q in energy.align(ids, mask).qe_ids]
+    assert sum(rows) < 0.5 * len(rows) * max(rows)  # the QE batch is mostly padding
+    e_packed, g_packed = _energy_and_grad(energy, tr, relaxation)
+    monkeypatch.setattr("qeebm.qe.energy.packable", lambda model: False)
+    e_padded, g_padded = _energy_and_grad(energy, tr, relaxation)
+    assert (e_packed - e_padded).abs().max() < 1e-6
+    assert g_padded.abs().max() > 1e-3  # a gradient worth comparing
+    assert (g_packed - g_padded).abs().max() < 1e-6
+
+
+@pytest.mark.parametrize("train_mode", [False, True])
+def test_qe_gradient_checkpointing_keeps_the_gradients(kiwi_path, translators, train_mode):
+    """Recomputing each QE layer in the backward pass changes memory, not the gradients: with the QE in
+    train mode too, where checkpointing must replay the layers' dropout draws exactly."""
+    tr = translators["nllb"]
+    qe = load_kiwi(kiwi_path)
+    results, calls = [], []
+    qe.encoder.model.encoder.layer[0].attention.self.query.register_forward_hook(lambda *a: calls.append(1))
+    for checkpointing in (False, True):
+        energy = energy_for(qe, tr, freeze=not train_mode, gradient_checkpointing=checkpointing)
+        if train_mode:
+            qe.estimator.requires_grad_(True)
+            energy.train()
+        qe.zero_grad(set_to_none=True)
+        torch.manual_seed(5)
+        e, g = _energy_and_grad(energy, tr, "st")
+        head = qe.estimator.ff[0].weight.grad
+        results.append((e, g, head.clone() if head is not None else None))
+    assert len(calls) == 3  # the checkpointed layer ran again in the backward pass
+    (e0, g0, h0), (e1, g1, h1) = results
+    assert torch.equal(e0, e1) if not train_mode else (e0 - e1).abs().max() < 1e-6
+    assert (g0 - g1).abs().max() < 1e-6 and g0.abs().max() > 1e-3
+    if train_mode:
+        assert (h0 - h1).abs().max() < 1e-6 and h0.abs().max() > 0
+
+
+def test_qe_gradient_checkpointing_needs_the_packed_encoder(kiwi_path, translators):
+    qe = load_kiwi(kiwi_path)
+    qe.layerwise_attention.layer_norm = True  # not packable (see tests/test_qe_scoring.py)
+    with pytest.raises(QeebmError, match="qe.gradient_checkpointing"):
+        energy_for(qe, translators["nllb"], gradient_checkpointing=True)

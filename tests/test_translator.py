@@ -286,3 +286,32 @@ def test_nucleus_keeps_what_transformers_top_p_keeps():
         assert torch.equal(torch.isinf(ours), torch.isinf(theirs)), p
         assert torch.equal(ours[torch.isfinite(ours)], theirs[torch.isfinite(theirs)])
     assert torch.isfinite(_Nucleus(0.9)(None, scores)[6:]).sum() > 2 * 256  # the flat rows took the full sort
+
+
+@pytest.mark.parametrize("lora", [False, True])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_gradient_checkpointing_keeps_the_gradients(family, lora):
+    """Recomputing the layers in the backward pass (train mode, the checkpoint's dropout on) gives
+    the gradients of the plain backward pass: checkpointing replays each layer's dropout draws."""
+    grads, recomputed = [], []
+    for checkpointing in (False, True):
+        tr = load(tiny_translator_dir(family), gradient_checkpointing=checkpointing,
+                  lora=LoraConfig(enabled=lora, r=4))
+        if lora:
+            perturb_lora(tr.model)
+        tr.model.train()
+        calls = []
+        layer = next(m for m in tr.model.modules() if type(m).__name__.endswith("DecoderLayer"))
+        forward = layer.forward
+        layer.forward = lambda *a, **k: calls.append(1) or forward(*a, **k)
+        torch.manual_seed(0)
+        loss = tr.model(**tr.encode(SRC[:2], TGT)).loss
+        loss.backward()
+        recomputed.append(len(calls))  # a checkpointed layer runs again in the backward pass
+        grads.append({n: p.grad.clone() for n, p in tr.model.named_parameters() if p.requires_grad})
+    assert recomputed == [1, 2]
+    plain, checkpointed = grads
+    assert plain.keys() == checkpointed.keys() and len(plain) > 0
+    for name in plain:
+        assert (plain[name] - checkpointed[name]).abs().max() < 1e-6, name
+    assert max(g.abs().max() for g in plain.values()) > 1e-3

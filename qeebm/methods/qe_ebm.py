@@ -137,7 +137,8 @@ class QeEbm(Method):
         # top_k 0 / top_p 1 / temperature 1: pure ancestral sampling, as the reference code sampled.
         self.gen = sampling_config(self.c)
         self.dynamic = self.q.mode == "dynamic"
-        self.energy = load_energy(self.q.path, translator, freeze=not self.dynamic)
+        self.energy = load_energy(self.q.path, translator, freeze=not self.dynamic,
+                                  gradient_checkpointing=self.q.gradient_checkpointing)
         self.qe = self.energy.qe
         self.qe_params: dict[str, torch.nn.Parameter] = {}
         if self.dynamic:
@@ -440,7 +441,7 @@ def heldout_path(q: QEConfig) -> str:
     return str(beside) if beside.is_file() else ""
 
 
-def load_energy(path: str, translator, freeze: bool):
+def load_energy(path: str, translator, freeze: bool, gradient_checkpointing: bool = False):
     """KiwiEnergy over the CometKiwi at ``path`` and a bridge from the translator's vocabulary."""
     from qeebm.qe.bridge import Bridge
     from qeebm.qe.energy import KiwiEnergy
@@ -456,4 +457,5 @@ def load_energy(path: str, translator, freeze: bool):
     if qe_kind(comet) != "kiwi":
         raise QeebmError(f"qe.path '{path}' is a {qe_kind(comet)} model; QE-EBM needs a reference-free CometKiwi")
     vocab_size = translator.model.config.vocab_size
-    return KiwiEnergy(comet, Bridge(translator.tokenizer, comet.encoder.tokenizer, vocab_size=vocab_size), freeze=freeze)
+    return KiwiEnergy(comet, Bridge(translator.tokenizer, comet.encoder.tokenizer, vocab_size=vocab_size), freeze=freeze,
+                      gradient_checkpointing=gradient_checkpointing)

@@ -8,7 +8,9 @@ comet/models/multitask/unified_metric.py, ``UnifiedMetric.forward``):
 2. concatenate as ``encoder.concat_sequences`` does: ``<s> mt </s></s> src </s>`` (mt first), then cut
    to ``max_positions`` (the cut can drop the source's tail and the final ``</s>``);
 3. run the XLM-R model on ``inputs_embeds`` (the bridge adds the straight-through shift to the mt
-   positions), with comet's attention mask and the position ids token ids would have produced;
+   positions), with comet's attention mask and the position ids token ids would have produced; on a
+   plain XLM-R encoder only the real tokens go through its layers (``qeebm.qe.packed``), with the
+   same value and gradient as the padded batch to float rounding;
 4. mix all hidden states with the layer-wise attention (or take ``sent_layer``), take position 0,
    apply the estimator (its final activation included) and flatten: that is comet's score.
 
@@ -30,7 +32,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from qeebm.errors import QeebmError
 from qeebm.qe.bridge import Alignment, Bridge
+from qeebm.qe.packed import packable, packed_scores
 from qeebm.qe.scoring import kiwi_row, pad_rows
 
 RELAXATIONS = ("st", "softmax", "gumbel-st")
@@ -46,9 +50,15 @@ class KiwiEnergy(nn.Module):
             eval mode whatever ``.train()`` is called with (comet's layer-wise attention drops whole
             layers in train mode). With ``freeze=False`` the caller decides what trains; gradients
             reach exactly the QE parameters that require grad.
+        gradient_checkpointing: recompute each encoder layer in the backward pass instead of keeping
+            its activations (less memory, one more encoder forward of time). Needs an encoder the
+            packed forward covers (``qeebm.qe.packed.packable``: CometKiwi on XLM-R / InfoXLM).
+
+    On such an encoder the QE runs on the batch's real tokens only (``qeebm.qe.packed``), as
+    QEScorer does; any other encoder takes comet's padded layout.
     """
 
-    def __init__(self, comet_model, bridge: Bridge, freeze: bool = True):
+    def __init__(self, comet_model, bridge: Bridge, freeze: bool = True, gradient_checkpointing: bool = False):
         super().__init__()
         segments = list(getattr(comet_model.hparams, "input_segments", []))
         if segments != ["mt", "src"]:
@@ -57,6 +67,10 @@ class KiwiEnergy(nn.Module):
         self.qe = comet_model
         self.bridge = bridge
         self.frozen = freeze
+        if gradient_checkpointing and not packable(comet_model):
+            raise QeebmError("qe.gradient_checkpointing needs a CometKiwi on a plain XLM-R encoder (the packed "
+                             f"forward); this QE's encoder is {type(comet_model.encoder.model).__name__}")
+        self.checkpointing = gradient_checkpointing
         if freeze:
             self.qe.requires_grad_(False)
             self.qe.eval()
@@ -176,6 +190,9 @@ class KiwiEnergy(nn.Module):
             shift = self.bridge.shift(weight, probs, forward_ids, alignment, mt_len, relaxation)
             embeds = embeds + F.pad(shift, (0, 0, 1, ids.shape[1] - 1 - mt_len))
 
+        if packable(self.qe):
+            return packed_scores(self.qe, None, mask, inputs_embeds=embeds, position_ids=position_ids,
+                                 checkpoint=self.checkpointing)
         out = encoder(inputs_embeds=embeds, attention_mask=mask, position_ids=position_ids,
                       output_hidden_states=True, return_dict=True)
         all_layers = out.hidden_states
