@@ -1,13 +1,15 @@
 """Golden runs: a fixed-seed run of a few steps of every system on the micro world, under the demo's
 quick protocol and each system's tiny recipe, must log what ``tests/golden/micro_runs.json`` stores
-(every logged number but timings, to 1e-6). A change that claims to leave training as it was proves
-it here. A change meant to alter training rewrites the file and says why in its commit:
+(every logged number but timings, to 1e-6 on the kind of CPU that wrote the file). A change that
+claims to leave training as it was proves it here. A change meant to alter training rewrites the
+file and says why in its commit:
 
     QEEBM_WRITE_GOLDEN=1 .venv/bin/python -m pytest tests/test_golden.py
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -23,6 +25,22 @@ from qeebm.runlog import read_metrics
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "micro_runs.json"
 STEPS = 3
+# Float rounding differs between CPUs (vector widths, MKL's code paths) and three steps of training
+# amplify it: the file written at stop 21, checked on another CPU, differed by up to 0.7% (QE-dynamic's
+# energy after its QE update) and 1.5e-5 elsewhere. On another CPU the check is this loose; on the
+# CPU that wrote the file it is exact to float rounding.
+SAME_CPU, OTHER_CPU = (1e-6, 1e-6), (2e-2, 2e-3)  # (rel_tol, abs_tol)
+
+
+def cpu_fingerprint() -> str:
+    """What decides float rounding here: the vector width torch dispatches to and the CPU model."""
+    info = {}
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            info.setdefault(key.strip(), value.strip())
+    model = "/".join(info.get(k, "?") for k in ("vendor_id", "cpu family", "model", "stepping"))
+    return f"{torch.backends.cpu.get_cpu_capability()} {model}"
 
 
 def logged_numbers(run_dir: Path) -> list[dict]:
@@ -43,18 +61,21 @@ def runs(micro_world, tmp_path_factory) -> dict[str, list[dict]]:
         train(load_config(CONFIGS / tiny_recipe(name), overrides))
         logs[name] = logged_numbers(run_dir)
     if os.environ.get("QEEBM_WRITE_GOLDEN"):
-        GOLDEN.write_text(json.dumps(logs, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+        GOLDEN.write_text(json.dumps({"cpu": cpu_fingerprint(), "runs": logs}, indent=1, sort_keys=True) + "\n",
+                          encoding="utf-8")
     return logs
 
 
 @pytest.mark.parametrize("name", SYSTEMS)
 def test_a_short_run_logs_the_stored_numbers(runs, name):
-    stored = json.loads(GOLDEN.read_text(encoding="utf-8"))[name]
-    logged = runs[name]
+    golden = json.loads(GOLDEN.read_text(encoding="utf-8"))
+    stored, logged = golden["runs"][name], runs[name]
+    rel, abs_ = SAME_CPU if golden["cpu"] == cpu_fingerprint() else OTHER_CPU
     assert [r["step"] for r in logged] == [r["step"] for r in stored], "a different logging schedule"
     for got, want in zip(logged, stored):
         # New diagnostics may be added; every stored one must still be logged, with the same value.
         missing = sorted(set(want) - set(got))
         assert not missing, f"step {want['step']}: no longer logged: {missing}"
-        changed = {k: (got[k], v) for k, v in want.items() if not math.isclose(got[k], v, rel_tol=1e-6, abs_tol=1e-6)}
-        assert not changed, f"{name}, step {want['step']}: (logged, stored) {changed}"
+        changed = {k: (got[k], v) for k, v in want.items() if not math.isclose(got[k], v, rel_tol=rel, abs_tol=abs_)}
+        assert not changed, (f"{name}, step {want['step']}: (logged, stored) {changed}, at rel/abs tolerance "
+                             f"{rel}/{abs_} (file written on {golden['cpu']}, run on {cpu_fingerprint()})")
