@@ -249,7 +249,7 @@ def step_worker(recipe: str, overrides: list[str], threads: int, suppress_unknow
 
 
 def step_overrides(name: str, world: Path, run_dir: Path, args, translator: Path | None = None,
-                   kiwi: Path | None = None, lora: bool = False) -> list[str]:
+                   kiwi: Path | None = None, lora: bool = False, checkpointing: bool = False) -> list[str]:
     from qeebm.demo import run_overrides
 
     b = {"steps": args.steps + 1, "batch_size": args.step_batch, "every": 0, "patience": 0, "eval_examples": 8}
@@ -261,6 +261,8 @@ def step_overrides(name: str, world: Path, run_dir: Path, args, translator: Path
         out += [f"model.name_or_path={translator}", f"qe.path={kiwi}", "generation.max_new_tokens=8"]
     if lora:
         out += ["model.lora.enabled=true"]
+    if checkpointing:
+        out += ["model.gradient_checkpointing=true"] + (["qe.gradient_checkpointing=true"] if name.startswith("qe-ebm") else [])
     return out
 
 
@@ -289,10 +291,15 @@ def bench_step(args) -> None:
     if "real" in args.sizes:
         translator, kiwi = real_world(world, Path(args.real_dir), args.family)
         for name in methods:
-            for lora in ([True, False] if (args.full and name == "qe-ebm-static") else [True]):
-                label = f"{name}, {args.family} 600M-shape + CometKiwi-22-shape, {'LoRA' if lora else 'full'}"
-                cases.append((label, tiny_recipe(name), step_overrides(name, world, tmp / f"real-{name}-{lora}", args,
-                                                                       translator, kiwi, lora), True))
+            variants = [(True, False)]
+            if name == "qe-ebm-static":  # (LoRA, gradient checkpointing)
+                variants += [(True, True)] * args.checkpointing + [(False, False)] * args.full
+                variants += [(False, True)] * (args.full and args.checkpointing)
+            for lora, ckpt in variants:
+                label = (f"{name}, {args.family} 600M-shape + CometKiwi-22-shape, {'LoRA' if lora else 'full'}"
+                         + (", checkpointing" if ckpt else ""))
+                cases.append((label, tiny_recipe(name), step_overrides(name, world, tmp / f"real-{name}-{lora}-{ckpt}",
+                                                                       args, translator, kiwi, lora, ckpt), True))
     rows = []
     ctx = multiprocessing.get_context("spawn")
     try:
@@ -342,6 +349,8 @@ def main(argv=None) -> None:
     step.add_argument("--real-dir", default="runs/bench-real", help="where the real-shape models are written once")
     step.add_argument("--family", default="nllb", choices=["nllb", "mbart"], help="real-shape translator")
     step.add_argument("--full", action="store_true", help="real size: QE-EBM static with full fine-tuning too")
+    step.add_argument("--checkpointing", action="store_true",
+                      help="real size: QE-EBM static with gradient checkpointing of the translator and the QE too")
     step.add_argument("--steps", type=int, default=3, help="timed steps per method, after one warm-up step")
     step.add_argument("--step-batch", type=int, default=4, help="real size: labelled pairs and sources per step")
     step.add_argument("--samples", type=int, default=5, help="real size: samples per source")

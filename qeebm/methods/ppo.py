@@ -46,7 +46,7 @@ from qeebm.guards import GuardResult, hit_rates
 from qeebm.methods.base import Batch, Method, StepOutput
 from qeebm.methods.reinforce import QEReward, check_static_qe
 from qeebm.methods.sampling import Samples, mono_sources, sample, sampling_config
-from qeebm.methods.sft import SFT
+from qeebm.methods.sft import label_smoothed_ce
 from qeebm.rl import (
     AdaptiveKLController,
     FixedKLController,
@@ -143,7 +143,7 @@ class PPO(Method):
         self.epochs, self.minibatches = self.c.epochs, self.c.minibatches
         self.gen = sampling_config(self.c)
         self.reward = QEReward(cfg, translator, self.c.guards)
-        self.ce = SFT(cfg, translator, model) if self.c.alpha > 0 else None
+        self.label_smoothing = cfg.optim.label_smoothing  # of the CE term (alpha > 0), as SFT's
         # Value head: V(s_t) from the decoder's last hidden state at position t, which has seen the
         # tokens before t; trained by the loop's optimiser (extra_parameters), saved in state_dict.
         self.value_head = ValueHead(translator.model.config.d_model).to(translator.device)
@@ -269,7 +269,7 @@ class PPO(Method):
             if b < m_:
                 raise QeebmError(f"ppo.minibatches={m_} but a micro-batch holds only {b} samples; lower "
                                  "ppo.minibatches or raise optim.batch_size (or ppo.num_samples)")
-            labels = r.batch.labels if self.ce is not None else None
+            labels = r.batch.labels if c.alpha > 0 else None
             r.plan = []
             for e in range(e_):
                 rows = torch.randperm(b).to(device).tensor_split(m_)
@@ -332,9 +332,9 @@ class PPO(Method):
             "ppo/sample_len": mask.sum().item() / n,
         }
         if mb.labelled is not None:
-            ce = self.ce.loss(mb.labelled)
-            terms["ce"] = c.alpha * ce.loss
-            metrics |= {"ppo/ce": ce.metrics["sft/loss"], "ppo/nll": ce.metrics["sft/nll"]}
+            ce, nll = label_smoothed_ce(self.model, mb.labelled, self.label_smoothing, with_nll=True)
+            terms["ce"] = c.alpha * ce
+            metrics |= {"ppo/ce": ce.item(), "ppo/nll": nll.item()}
         if r.guards is not None:
             keep = rows.tolist()
             part = GuardResult(penalty=[r.guards.penalty[i] for i in keep],

@@ -30,7 +30,7 @@ from qeebm.errors import QeebmError
 from qeebm.guards import GuardResult, check, hit_rates
 from qeebm.methods.base import Batch, Method, StepOutput
 from qeebm.methods.sampling import Samples, mono_sources, sample, sampling_config
-from qeebm.methods.sft import SFT
+from qeebm.methods.sft import label_smoothed_ce
 from qeebm.rl import (
     RunningMeanBaseline,
     normalise_rewards,
@@ -126,7 +126,7 @@ class Reinforce(Method):
         self.gen = sampling_config(self.c)
         self.reward = QEReward(cfg, translator, self.c.guards)
         self.running = RunningMeanBaseline()
-        self.ce = SFT(cfg, translator, model) if self.c.alpha > 0 else None
+        self.label_smoothing = cfg.optim.label_smoothing  # of the CE term (alpha > 0), as SFT's
 
     # State a resume must restore: the running mean of past rewards.
     def state_dict(self) -> dict:
@@ -202,10 +202,10 @@ class Reinforce(Method):
             "reinforce/logp": seq_logp.detach().sum().item() / n,
         }
         # The supervised term on the labelled batch, as SFT computes it.
-        if self.ce is not None:
-            ce = self.ce.loss(r.batch)
-            terms["ce"] = self.c.alpha * ce.loss
-            metrics |= {"reinforce/ce": ce.metrics["sft/loss"], "reinforce/nll": ce.metrics["sft/nll"]}
+        if self.c.alpha > 0:
+            ce, nll = label_smoothed_ce(self.model, r.batch, self.label_smoothing, with_nll=True)
+            terms["ce"] = self.c.alpha * ce
+            metrics |= {"reinforce/ce": ce.item(), "reinforce/nll": nll.item()}
         if r.guards is not None:
             metrics |= hit_rates(r.guards, normaliser=n)
         return StepOutput(loss=sum(terms.values()), metrics=metrics, terms=terms, values=r.step_stats)
