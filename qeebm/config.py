@@ -60,6 +60,8 @@ class ModelConfig:
     dropout: Optional[float] = None
     # Recompute each layer's activations in the backward pass instead of keeping them (transformers'
     # gradient checkpointing): less memory for one more forward of time; the gradients are the same.
+    # transformers recomputes in train mode only: SFT's, QE-EBM's and the CE term's forwards; REINFORCE's
+    # policy forward and PPO's (ppo.disable_dropout) run in eval mode and keep their activations.
     gradient_checkpointing: bool = False
     lora: LoraConfig = field(default_factory=LoraConfig)
 
