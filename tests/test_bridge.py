@@ -324,3 +324,27 @@ def test_memory_is_linear_in_batch_times_length():
         assert mem.largest <= bsz * t_len * v_nmt
     assert large.peak <= 2.0 * small.peak
     assert large.peak > 1.5 * small.peak  # the measurement does see the batch-sized tensors
+
+
+def test_zero_forward_product_has_the_straight_through_gradients():
+    """The backward-only product equals autograd on ``z - z.detach()``, for the probabilities and for
+    a table that requires grad (QE-dynamic trains the embeddings), with repeated rows."""
+    from qeebm.qe.bridge import _zero_forward_product
+
+    g = torch.Generator().manual_seed(0)
+    probs = torch.rand(6, 11, generator=g, dtype=torch.float64).requires_grad_(True)
+    table = torch.randn(11, 4, generator=g, dtype=torch.float64).requires_grad_(True)
+    steps = torch.tensor([0, 2, 5])
+    which = torch.tensor([0, 1, 1, 2, 0])  # one step feeding several QE positions
+    upstream = torch.randn(5, 4, generator=g, dtype=torch.float64)
+
+    z = probs.index_select(0, steps) @ table
+    ((z - z.detach())[which] * upstream).sum().backward()
+    want = probs.grad.clone(), table.grad.clone()
+    probs.grad = table.grad = None
+    d = _zero_forward_product(probs, steps, table)
+    assert not d.any()
+    (d[which] * upstream).sum().backward()
+    assert torch.allclose(probs.grad, want[0], rtol=0, atol=1e-12)
+    assert torch.allclose(table.grad, want[1], rtol=0, atol=1e-12)
+    assert want[0].abs().sum() > 0 and want[1].abs().sum() > 0

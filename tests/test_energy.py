@@ -354,7 +354,7 @@ def test_packed_energy_equals_the_padded_one(kiwi, translators, family, relaxati
     energy = energy_for(kiwi, tr)
     ids, mask = emitted(tr, TEXTS)
     rows = [len(q) for q in energy.align(ids, mask).qe_ids]
-    assert sum(rows) < 0.5 * len(rows) * max(rows)  # the QE batch is mostly padding
+    assert sum(rows) < 0.5 * len(rows) * max(rows)  # the mt segments are mostly padding
     e_packed, g_packed = _energy_and_grad(energy, tr, relaxation)
     monkeypatch.setattr("qeebm.qe.energy.packable", lambda model: False)
     e_padded, g_padded = _energy_and_grad(energy, tr, relaxation)

@@ -196,11 +196,12 @@ class Bridge(nn.Module):
             return out + 0.0 * probs.sum().to(out.dtype)
         # Only the translator steps the QE sees are multiplied, each once: [U, V_nmt] @ [V_nmt, H].
         steps_seen, which = torch.unique(rows * steps + nmt_pos, return_inverse=True)
-        p = probs.reshape(bsz * steps, -1).index_select(0, steps_seen).to(qe_embeddings.dtype)
+        flat = probs.reshape(bsz * steps, -1)
         if relaxation == "softmax":
+            p = flat.index_select(0, steps_seen).to(qe_embeddings.dtype)
             d = p @ table - table[forward_ids.to(dev).reshape(-1).index_select(0, steps_seen)]
         elif relaxation in ("st", "gumbel-st"):
-            d = _zero_forward_product(p, table)
+            d = _zero_forward_product(flat, steps_seen, table)
         else:
             raise ValueError(f"unknown relaxation {relaxation!r}")
         # Under autocast the product may come out in another dtype than the embeddings.
@@ -276,21 +277,26 @@ class Bridge(nn.Module):
 
 # --------------------------------------------------------------------------------- helpers
 class _ZeroForwardProduct(torch.autograd.Function):
-    """``(p - sg(p)) @ B``: zero in value, the product's gradient in backward. The straight-through
-    shift needs the ``[U, V_nmt] @ [V_nmt, H]`` product only in the backward pass; autograd on
-    ``z - z.detach()`` would compute it in the forward pass too, for nothing."""
+    """``(p - sg(p)) @ B`` for the rows ``steps`` of ``probs``: zero in value, the product's gradient
+    in backward. The straight-through shift needs the ``[U, V_nmt] @ [V_nmt, H]`` product only in the
+    backward pass; autograd on ``z - z.detach()`` would compute it in the forward pass too, for
+    nothing. Only ``probs`` (alive anyway) and the row indices are kept for backward, not a
+    ``[U, V_nmt]`` copy of the selected rows."""
 
     @staticmethod
-    def forward(ctx, p: Tensor, table: Tensor) -> Tensor:
-        ctx.save_for_backward(p, table)
-        return p.new_zeros(p.shape[0], table.shape[1])
+    def forward(ctx, probs: Tensor, steps: Tensor, table: Tensor) -> Tensor:
+        ctx.save_for_backward(probs, steps, table)
+        return table.new_zeros(steps.shape[0], table.shape[1])
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        p, table = ctx.saved_tensors
-        grad_p = grad @ table.T if ctx.needs_input_grad[0] else None
-        grad_table = p.T @ grad if ctx.needs_input_grad[1] else None
-        return grad_p, grad_table
+        probs, steps, table = ctx.saved_tensors
+        grad_probs = grad_table = None
+        if ctx.needs_input_grad[0]:
+            grad_probs = probs.new_zeros(probs.shape).index_copy(0, steps, (grad @ table.T).to(probs.dtype))
+        if ctx.needs_input_grad[2]:
+            grad_table = probs.index_select(0, steps).to(table.dtype).T @ grad
+        return grad_probs, None, grad_table
 
 
 _zero_forward_product = _ZeroForwardProduct.apply
