@@ -10,7 +10,8 @@ comet/models/multitask/unified_metric.py, ``UnifiedMetric.forward``):
 3. run the XLM-R model on ``inputs_embeds`` (the bridge adds the straight-through shift to the mt
    positions), with comet's attention mask and the position ids token ids would have produced; on a
    plain XLM-R encoder only the real tokens go through its layers (``qeebm.qe.packed``), with the
-   same value and gradient as the padded batch to float rounding;
+   same value and gradient as the padded batch to float rounding (in eval mode; in train mode the
+   dropout draws differ);
 4. mix all hidden states with the layer-wise attention (or take ``sent_layer``), take position 0,
    apply the estimator (its final activation included) and flatten: that is comet's score.
 
