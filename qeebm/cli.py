@@ -43,7 +43,8 @@ def cmd_train(args: argparse.Namespace) -> None:
 
 
 def cmd_translate(args: argparse.Namespace) -> None:
-    from qeebm.evaluate import DEFAULT_QE_MODELS, generation_from_args
+    from qeebm.cli_evaluate import generation_from_args
+    from qeebm.evaluate import DEFAULT_QE_MODELS
     from qeebm.qad import selection_from_args
     from qeebm.translator import translate_file
 
@@ -53,7 +54,7 @@ def cmd_translate(args: argparse.Namespace) -> None:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> None:
-    from qeebm.evaluate import evaluate_main
+    from qeebm.cli_evaluate import evaluate_main
 
     evaluate_main(args)
 
@@ -77,7 +78,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
 
 
 def add_decoding_args(g) -> None:
-    """Decoding options of ``translate`` and ``evaluate`` (evaluate.generation_from_args reads them)."""
+    """Decoding options of ``translate`` and ``evaluate`` (cli_evaluate.generation_from_args reads them)."""
     g.add_argument("--beams", type=int, default=5, help="beam size (default 5)")
     g.add_argument("--max-new-tokens", type=int, default=50, help="default 50")
     g.add_argument("--sample", action="store_true", help="sample instead of beam search (with --rerank/--mbr: "

@@ -27,61 +27,46 @@ is the plain paired bootstrap. "Significant" below (the reward-hacking check) me
 
 from __future__ import annotations
 
-import contextlib
 import csv
-import fnmatch
 import io
 import json
-import math
-import os
-import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from qeebm import __version__ as QEEBM_VERSION
 from qeebm.errors import QeebmError
-from qeebm.runlog import log_path, read_metrics
+from qeebm.bootstrap import (
+    paired_bootstrap_p,
+    percentile_ci,
+    resample_counts,
+    resampled_scores,
+    sacrebleu_paired_p,
+    seed_pairs,
+)
+from qeebm.plots import DEFAULT_CURVE_KEYS, plot_curves, plot_metrics
 from qeebm.report import (
-    LOWER_IS_BETTER,
     SACREBLEU_METRICS,
     TEXT_KEYS,
+    column,
     corpus_from_stats,
-    corpus_from_sums,
-    make_metric,
+    higher_is_better,
+    label,
     mean_stats,
     metric_signature,
     read_report,
+    scale,
     segment_stats,
 )
 
 ALPHA = 0.05
 # The order neural metrics appear in; any other per-segment score follows alphabetically.
 NEURAL_ORDER = ("comet", "xcomet", "kiwi", "judge")
-LABELS = {"bleu": "BLEU", "chrf": "chrF++", "ter": "TER", "comet": "COMET", "xcomet": "XCOMET",
-          "kiwi": "Kiwi", "judge": "Judge"}
-# The weight of each added term next to the CE (diag/ratio_*) and the QE signal within one source's
-# samples (score_spread) are what say whether a QE-trained method could move at all.
-DEFAULT_CURVE_KEYS = ("loss", "energy/mean", "*/reward", "diag/ratio_*", "*/score_spread", "*/sample_score",
-                      "val/bleu", "val/chrf", "val/kiwi")
 # Reports may round corpus scores to one decimal; a larger gap means different metric options.
 CORPUS_TOLERANCE = 0.05
-
-
-def label(metric: str) -> str:
-    return LABELS.get(metric, metric)
-
-
-def scale(metric: str) -> float:
-    """Display factor: COMET-type scores (0..1) are shown x100, as papers print them."""
-    return 1.0 if metric in SACREBLEU_METRICS else 100.0
-
-
-def higher_is_better(metric: str) -> bool:
-    return metric not in LOWER_IS_BETTER
 
 
 # ----------------------------------------------------------------------------------------------
@@ -245,84 +230,6 @@ def sacrebleu_options(entries: Sequence[Entry], metric: str) -> str | None:
                              f"({strip(sig)} vs {strip(chosen)})")
         chosen, source = chosen or sig, source or entry.path
     return chosen
-
-
-# ----------------------------------------------------------------------------------------------
-# Resampling
-
-
-def resample_counts(n: int, resamples: int, seed: int) -> np.ndarray:
-    """``[R, N]``: how often each segment occurs in each bootstrap resample. The draws are exactly
-    sacrebleu.significance's (``default_rng(seed).choice(N, size=(R, N))``), so for the same seed
-    both implementations score the same resampled corpora."""
-    idx = np.random.default_rng(seed).choice(n, size=(resamples, n), replace=True)
-    flat = (idx + n * np.arange(resamples)[:, None]).ravel()
-    return np.bincount(flat, minlength=resamples * n).reshape(resamples, n).astype(np.float64)
-
-
-def resampled_scores(metric: str, stats: np.ndarray, counts: np.ndarray, signature: str | None = None) -> np.ndarray:
-    """Corpus score of every resample ``[R]``. Counts and statistics are integers held in float64,
-    so the summed statistics, and hence the scores, are exact."""
-    return corpus_from_sums(metric, counts @ stats, signature)
-
-
-def percentile_ci(samples: np.ndarray) -> tuple[float, float]:
-    """95% percentile interval with sacrebleu's order statistics (``significance.estimate_ci``)."""
-    ordered = np.sort(np.asarray(samples, dtype=np.float64))
-    k = len(ordered) // 40
-    return float(ordered[k]), float(ordered[len(ordered) - k - 1])
-
-
-def paired_bootstrap_p(delta: float, resampled_deltas: np.ndarray) -> float:
-    """Koehn (2004): the share of resamples in which the difference does not keep the sign of
-    ``delta`` (the observed difference), with +1 smoothing. A zero difference has no direction to
-    confirm: p = 1."""
-    if delta == 0:
-        return 1.0
-    flips = int(np.count_nonzero(math.copysign(1.0, delta) * resampled_deltas <= 0))
-    return (flips + 1) / (len(resampled_deltas) + 1)
-
-
-def seed_pairs(system_seeds: Sequence, baseline_seeds: Sequence) -> list[tuple[int, int]]:
-    """Index pairs (system seed, baseline seed) to test: same seed values when both sides ran the
-    same seeds, otherwise every combination (no pairing would be less arbitrary than another)."""
-    if sorted(system_seeds, key=str) == sorted(baseline_seeds, key=str) and None not in system_seeds:
-        return [(i, list(baseline_seeds).index(s)) for i, s in enumerate(system_seeds)]
-    return [(i, j) for i in range(len(system_seeds)) for j in range(len(baseline_seeds))]
-
-
-@contextlib.contextmanager
-def _environ(key: str, value: str):
-    old = os.environ.get(key)
-    os.environ[key] = value
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = old
-
-
-def sacrebleu_paired_p(metrics: Sequence[str], baseline_hyps: Sequence[str], system_hyps: Sequence[str],
-                       refs: Sequence[str], resamples: int, seed: int,
-                       signatures: dict[str, str | None] | None = None) -> dict[str, float]:
-    """p-values of sacrebleu's own paired bootstrap (``PairedTest(test_type='bs')``), for a cross-check.
-    Its statistic differs from ours: it centres the resampled |differences| and counts those
-    exceeding the observed |difference|, so two identical systems get p = 1/(R+1), not 1."""
-    from sacrebleu.significance import PairedTest
-
-    signatures = signatures or {}
-    # Fresh metric objects: PairedTest keeps state on them
-    objects = {m: make_metric.__wrapped__(m, signatures.get(m)) for m in metrics}
-    # PairedTest reads its seed from the environment only; it treats seed 0 as "unseeded"
-    with _environ("SACREBLEU_SEED", str(seed)):
-        test = PairedTest([("baseline", list(baseline_hyps)), ("system", list(system_hyps))], objects,
-                          [list(refs)], test_type="bs", n_samples=resamples)
-        _, scores = test()
-    # results are keyed by sacrebleu's display names, in the order of `metrics`
-    names = [k for k in scores if k != "System"]
-    return {m: float(scores[name][1].p_value) for m, name in zip(metrics, names)}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -531,13 +438,6 @@ def selection_line(system: System) -> str | None:
 # Output
 
 
-def _column(metric: str) -> str:
-    name = label(metric)
-    if not higher_is_better(metric):
-        name += " ↓"
-    return name if scale(metric) == 1 else f"{name} ×100"
-
-
 def _cell_text(cell: Cell) -> str:
     lo, hi = cell.ci
     text = f"{cell.score:.2f} ± {(hi - lo) / 2:.2f}"
@@ -552,7 +452,7 @@ def format_markdown(result: Comparison) -> str:
     neural = [label(m) for m in result.metrics if scale(m) != 1]
     split = f"{result.split} set, " if result.split else ""
     lines = [f"## {split}{result.n_segments} segments, baseline {result.baseline}", ""]
-    lines.append("| system | seeds | " + " | ".join(_column(m) for m in result.metrics) + " |")
+    lines.append("| system | seeds | " + " | ".join(column(m) for m in result.metrics) + " |")
     lines.append("|:--|--:|" + "--:|" * len(result.metrics))
     for system in result.systems:
         name = f"{system.name} (baseline)" if system.name == result.baseline else system.name
@@ -660,82 +560,6 @@ def format_json(result: Comparison) -> str:
 
 
 FORMATTERS = {"md": format_markdown, "csv": format_csv, "json": format_json}
-
-
-# ----------------------------------------------------------------------------------------------
-# Plots
-
-
-def _figure(width: float = 6.4, height: float = 4.0):
-    # Figure without pyplot: no global backend or figure registry, so Agg is used and nothing leaks
-    from matplotlib.figure import Figure
-
-    return Figure(figsize=(width, height), layout="constrained")
-
-
-def _safe(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") or "metric"
-
-
-def plot_metrics(result: Comparison, out_dir: Path) -> list[Path]:
-    """One bar chart per metric: seed-mean with its 95% CI as error bars, seeds as dots."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for metric in result.metrics:
-        cells = [result.cells[s.name][metric] for s in result.systems]
-        fig = _figure(max(4.0, 1.2 * len(cells) + 2), 4.0)
-        ax = fig.add_subplot()
-        x = np.arange(len(cells))
-        scores = np.array([c.score for c in cells])
-        err = np.array([[c.score - c.ci[0] for c in cells], [c.ci[1] - c.score for c in cells]])
-        ax.bar(x, scores, color=["0.6"] + ["C0"] * (len(cells) - 1))
-        ax.errorbar(x, scores, yerr=np.clip(err, 0, None), fmt="none", ecolor="black", capsize=4)
-        for i, cell in enumerate(cells):
-            if len(cell.seed_scores) > 1:
-                ax.plot([i] * len(cell.seed_scores), cell.seed_scores, "k.", markersize=4)
-            if cell.mark:
-                ax.annotate(cell.mark, (i, cell.ci[1]), ha="center", va="bottom")
-        ax.set_xticks(x, [s.name for s in result.systems], rotation=20, ha="right")
-        ax.set_ylabel(_column(metric))
-        ax.set_title(f"{label(metric)} (95% bootstrap CI, {result.n_segments} segments)")
-        path = out_dir / f"metric-{_safe(metric)}.png"
-        fig.savefig(path, dpi=120)
-        paths.append(path)
-    return paths
-
-
-def plot_curves(runs: Iterable[tuple[str, Path]], keys: Sequence[str], out_dir: Path) -> tuple[list[Path], list[str]]:
-    """Training curves from each run's metrics.jsonl: one PNG per logged key that matches one of
-    ``keys`` (shell patterns, e.g. ``*/reward``), one line per run. Returns the files and notes
-    about runs without a log."""
-    logs, notes = {}, []
-    for name, run_dir in runs:
-        path = log_path(run_dir)
-        if path.is_file():
-            logs[name] = read_metrics(path)
-        else:
-            notes.append(f"note: no training curves for {name}: {path} does not exist")
-    logged = sorted({k for records in logs.values() for r in records for k in r if k != "step"})
-    chosen = list(dict.fromkeys(k for pattern in keys for k in logged if fnmatch.fnmatchcase(k, pattern)))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for key in chosen:
-        fig = _figure()
-        ax = fig.add_subplot()
-        for name, records in logs.items():
-            points = [(r["step"], r[key]) for r in records
-                      if isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool)]
-            if points:
-                steps, values = zip(*points)
-                ax.plot(steps, values, marker="." if len(points) < 30 else None, label=name)
-        ax.set_xlabel("step")
-        ax.set_ylabel(key)
-        ax.set_title(key)
-        ax.legend(fontsize="small")
-        path = out_dir / f"curve-{_safe(key)}.png"
-        fig.savefig(path, dpi=120)
-        paths.append(path)
-    return paths, notes
 
 
 # ----------------------------------------------------------------------------------------------

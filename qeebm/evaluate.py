@@ -1,8 +1,4 @@
-"""Decoding a corpus and scoring it: sacrebleu BLEU, chrF++ and TER, the COMET family, teacher-forced NLL.
-
-The decoding and NLL helpers take an optional accelerator: with several processes the corpus is split
-into contiguous shards, one per process, and the results are gathered so every process returns the
-same full answer (in corpus order).
+"""Scoring a system's test-set translations: sacrebleu BLEU, chrF++ and TER, the COMET family, judges.
 
 ``evaluate_system`` (and ``qeebm evaluate``) produce the evaluation report of qeebm/report.py: BLEU,
 chrF++ and TER as the ``sacrebleu`` command line computes them, and COMET, COMET-Kiwi, XCOMET and any
@@ -28,57 +24,13 @@ from pathlib import Path
 from typing import Optional, Sequence, Union
 
 import torch
-import torch.nn.functional as F
-from accelerate.utils import gather_object
 
 from qeebm.config import CorpusConfig, GenerationConfig
 from qeebm.errors import QeebmError
-from qeebm.report import SACREBLEU_METRICS, make_metric
+from qeebm.decoding import decode_test
+from qeebm.report import SACREBLEU_METRICS
 
 log = logging.getLogger(__name__)
-
-
-def corpus_metrics(hyps: list[str], refs: list[str]) -> dict[str, float]:
-    """Corpus BLEU (sacrebleu's default 13a tokenisation) and chrF++ (chrF with word bigrams)."""
-    if len(hyps) != len(refs):
-        raise ValueError(f"{len(hyps)} hypotheses for {len(refs)} references")
-    return {name: float(make_metric(name).corpus_score(hyps, [refs]).score) for name in ("bleu", "chrf")}
-
-
-def _shard(items: list, accelerator) -> list:
-    if accelerator is None or accelerator.num_processes == 1:
-        return list(items)
-    with accelerator.split_between_processes(list(items)) as part:
-        return list(part)
-
-
-def translate_corpus(translator, src: list[str], gen: GenerationConfig, accelerator=None) -> list[str]:
-    """Hypotheses for ``src`` in order; decoding is split across processes when there are several."""
-    part = _shard(src, accelerator)
-    hyps = translator.generate(part, gen) if part else []
-    if accelerator is None or accelerator.num_processes == 1:
-        return hyps
-    return gather_object(hyps)
-
-
-@torch.no_grad()
-def corpus_nll(translator, src: list[str], tgt: list[str], batch_size: int, accelerator=None) -> float:
-    """Teacher-forced negative log-likelihood per target token over the whole corpus (no label
-    smoothing), computed with ``translator.model`` as it is (the caller picks train/eval mode)."""
-    idx = _shard(list(range(len(src))), accelerator)
-    device = next(translator.model.parameters()).device
-    total = torch.zeros(2, dtype=torch.float64, device=device)  # summed NLL, token count
-    for start in range(0, len(idx), batch_size):
-        chunk = idx[start : start + batch_size]
-        enc = translator.encode([src[i] for i in chunk], [tgt[i] for i in chunk])
-        enc = {k: v.to(device) for k, v in enc.items()}
-        logits = translator.model(**enc).logits.float()
-        labels = enc["labels"]
-        total[0] += F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100, reduction="sum").double()
-        total[1] += (labels != -100).sum()
-    if accelerator is not None and accelerator.num_processes > 1:
-        total = accelerator.reduce(total, "sum")
-    return (total[0] / total[1].clamp(min=1)).item()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -95,7 +47,7 @@ PRECISIONS = ("fp16", "fp32")
 # Methods whose reward or energy is the QE named by the config key qe.path.
 QE_TRAINED_METHODS = frozenset({"qe-ebm", "reinforce", "ppo", "qe-finetune"})
 # A judge's name becomes a report key and a compare column: keep it a plain word.
-_JUDGE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.-]*\Z")
+JUDGE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.-]*\Z")
 _RESERVED = frozenset(SACREBLEU_METRICS + QE_METRICS + ("src", "ref", "hyp", "judges"))
 
 
@@ -136,7 +88,7 @@ class MetricSpec:
         """Every neural metric that has a model, in scoring order: name -> hub id or directory."""
         models = {name: str(getattr(self, name)) for name in QE_METRICS if getattr(self, name)}
         for name, model in self.judges.items():
-            if not isinstance(name, str) or not _JUDGE_NAME.match(name) or name in _RESERVED:
+            if not isinstance(name, str) or not JUDGE_NAME.match(name) or name in _RESERVED:
                 raise QeebmError(f"judge name {name!r} is not allowed: use a word (letters, digits, _ . -) "
                                  f"other than {', '.join(sorted(_RESERVED))}")
             models[name] = str(model)
@@ -317,12 +269,6 @@ def read_hypotheses(path: Union[str, Path]) -> list[str]:
     if lines and lines[-1] == "":
         lines.pop()
     return [line.strip() for line in lines]
-
-
-def decode_test(translator, src: Sequence[str], gen: GenerationConfig) -> list[str]:
-    """Hypotheses as one line each: the report's text is then exactly what a ``.hyp.txt`` beside it
-    holds, and rescoring that file with sacrebleu or comet-score reproduces the report."""
-    return [" ".join(h.split()) for h in translate_corpus(translator, list(src), gen)]
 
 
 def decoding_info(gen: GenerationConfig, translator=None) -> dict:
@@ -538,7 +484,7 @@ def infer_trained_on(config: Optional[dict], spec: MetricSpec) -> Optional[str]:
     return "kiwi"
 
 
-def _translate_test(model: str, src_lang: str, tgt_lang: str, src: list[str], gen: GenerationConfig,
+def translate_test(model: str, src_lang: str, tgt_lang: str, src: list[str], gen: GenerationConfig,
                     device: Optional[str], selection=None) -> tuple[list[str], dict, float, Optional[dict]]:
     """(hypotheses, decoding provenance, seconds, the selection's record or None) of a saved
     translator on the test sources, with ``selection`` (a ``qeebm.qad.Selection``) choosing among
@@ -596,7 +542,7 @@ def evaluate_run(run_dir: Union[str, Path], test=None, metrics: Optional[MetricS
     check_qe_models(spec, spec.selected())
     check_selection_model(selection)
     model_cfg = config.get("model") or {}
-    hyps, decoding, decode_s, record = _translate_test(
+    hyps, decoding, decode_s, record = translate_test(
         str(model_dir), model_cfg.get("src_lang", "eng_Latn"), model_cfg.get("tgt_lang", "khk_Cyrl"), src,
         generation or GenerationConfig(), spec.device, selection)
     report = evaluate_system(
@@ -606,156 +552,3 @@ def evaluate_run(run_dir: Union[str, Path], test=None, metrics: Optional[MetricS
         heldout=heldout, data_path=path, selection=record)
     report["seconds"] = {"decode": round(decode_s, 3), **report["seconds"]}
     return report, write_eval(report, run_dir, selection_split(split, selection))
-
-
-# ----------------------------------------------------------------------------------------------
-# qeebm evaluate
-
-
-def _parse_judges(items: Sequence[str]) -> dict[str, str]:
-    """``NAME=PATH`` or ``PATH`` (named "judge"); repeatable."""
-    judges: dict[str, str] = {}
-    for item in items:
-        name, sep, path = item.partition("=")
-        if not sep or not _JUDGE_NAME.match(name):
-            name, path = "judge", item
-        if name in judges:
-            raise QeebmError(f"judge '{name}' given twice: name each one, --judge NAME=MODEL")
-        judges[name] = path
-    return judges
-
-
-def _split_list(text: Optional[str]) -> Optional[list[str]]:
-    if text is None:
-        return None
-    return [x.strip() for x in text.split(",") if x.strip()]
-
-
-def generation_from_args(args) -> GenerationConfig:
-    """The decoding options ``qeebm translate`` and ``qeebm evaluate`` share (cli.add_decoding_args)."""
-    return GenerationConfig(num_beams=args.beams, max_new_tokens=args.max_new_tokens, do_sample=args.sample,
-                            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                            epsilon=args.epsilon, batch_size=args.batch_size)
-
-
-def metric_spec_from_args(args) -> MetricSpec:
-    """The MetricSpec of ``qeebm evaluate``'s options (--tinyworld first, then explicit models)."""
-    spec = MetricSpec.tinyworld(args.tinyworld) if args.tinyworld else MetricSpec()
-    for name in QE_METRICS:
-        if getattr(args, name):
-            setattr(spec, name, getattr(args, name))
-    spec.judges = {**spec.judges, **_parse_judges(args.judge or [])}
-    if args.no_neural:
-        if args.metrics:
-            raise QeebmError("--no-neural and --metrics both choose the metrics: give one of them")
-        spec.metrics = list(SACREBLEU_METRICS)
-    else:
-        spec.metrics = _split_list(args.metrics)
-    for name in QE_METRICS + ("judge",):
-        size = getattr(args, f"{name}_batch_size")
-        if size is not None:
-            spec.batch_sizes[name] = size
-    spec.precision = args.qe_precision
-    spec.device = args.device
-    return spec
-
-
-def evaluate_main(args) -> dict:
-    """``qeebm evaluate``: translate (or read) the test set's hypotheses, score them, print the
-    corpus scores and write the report (--output, or <run>/eval/<split>.json with --run)."""
-    from qeebm.data import read_corpus
-    from qeebm.report import config_id as make_config_id
-    from qeebm.report import write_report
-
-    from qeebm.qad import check_selection_model, selection_from_args
-
-    spec = metric_spec_from_args(args)
-    names = spec.selected()
-    selection = selection_from_args(args, spec.qe_models() | {k: v for k, v in DEFAULT_QE_MODELS.items()
-                                                              if k not in spec.qe_models()})
-
-    run = Path(args.run) if args.run else None
-    model = args.model
-    if run is not None and not args.model and not args.hyps:
-        model = str(run_model_dir(run))
-    if args.model and args.hyps:
-        raise QeebmError("give --model (to translate) or --hyps (translations already made), not both")
-    if not model and not args.hyps:
-        raise QeebmError("qeebm evaluate needs --model, --run or --hyps")
-    if run is None and model:
-        run = run_of_model(model)
-    config = run_config(run) if run is not None else None
-    if args.run and config is None:
-        raise QeebmError(f"{run} has no config.yaml: is it a qeebm run directory?")
-
-    if args.test:
-        test_cfg = CorpusConfig(path=args.test)
-    elif args.tinyworld:
-        test_cfg = CorpusConfig(path=str(Path(args.tinyworld) / "data" / "test.tsv"))
-    elif config and (config.get("data") or {}).get("test"):
-        test_cfg = CorpusConfig(**config["data"]["test"])
-    else:
-        test_cfg = CorpusConfig(path="data/tinyworld/data/test.tsv")
-    test = read_corpus(test_cfg, "test", need_target=True)
-    if args.trained_on == "auto":
-        trained_on = infer_trained_on(config, spec)
-    else:
-        trained_on = None if args.trained_on in ("none", "") else args.trained_on
-    check_trained_on(trained_on, spec)
-    check_qe_models(spec, names)  # before decoding: a missing model should cost seconds, not a decode
-    check_selection_model(selection)
-
-    decoding: dict = {}
-    translated = False
-    record = None
-    if args.hyps:
-        if selection is not None:
-            raise QeebmError("--rerank and --mbr choose among a model's candidates: give --model or --run, not --hyps")
-        hyps = read_hypotheses(args.hyps)
-        if len(hyps) != len(test.src):
-            raise QeebmError(f"hypotheses {args.hyps} have {len(hyps)} lines but test set {test_cfg.path} has "
-                             f"{len(test.src)} segments: the counts must match")
-        decoding = {"hyps": str(args.hyps)}
-    else:
-        model_cfg = (config or {}).get("model") or {}
-        hyps, decoding, decode_s, record = _translate_test(
-            model, args.src_lang or model_cfg.get("src_lang", "eng_Latn"),
-            args.tgt_lang or model_cfg.get("tgt_lang", "khk_Cyrl"), test.src, generation_from_args(args), spec.device,
-            selection)
-        translated = True
-
-    if args.system:
-        system = args.system
-    elif config is not None:
-        system = system_name(config)
-    elif model:
-        system = Path(model).name or str(model)
-    else:
-        system = Path(args.hyps).stem
-    if not args.system:
-        system = selection_system(system, selection)
-    heldout = "auto" if args.heldout is None else _split_list(args.heldout)
-    seed = args.seed if args.seed is not None else (config or {}).get("seed")
-
-    report = evaluate_system(hyps, test, spec, system=system, seed=seed,
-                             config_id=make_config_id(config) if config is not None else None,
-                             model=model, decoding=decoding, trained_on=trained_on, heldout=heldout,
-                             data_path=test_cfg.path, selection=record)
-    if translated:
-        report["seconds"] = {"decode": round(decode_s, 3), **report["seconds"]}
-
-    split = selection_split(args.split, selection)
-    output = Path(args.output) if args.output else (eval_report_path(run, split) if args.run else None)
-    summary = {"system": system, "seed": seed, "segments": len(hyps), "corpus": report["corpus"],
-               "signatures": report["signatures"]}
-    if record is not None:
-        summary["cost"] = {"candidates": record["candidates"], "seconds": record["seconds"],
-                           "ms_per_segment": record["ms_per_segment"], "selected_on": report["selected_on"]}
-    if output is not None:
-        write_report(output, report)
-        if translated:
-            # the hypotheses as a file too, for sacrebleu / comet-score / human eyes
-            output.with_suffix(".hyp.txt").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
-        summary["report"] = str(output)
-    print(json.dumps(summary, indent=2, ensure_ascii=False))
-    return report

@@ -39,11 +39,12 @@ from qeebm.backends import (
 )
 from qeebm.config import Config, flat_dict, to_dict
 from qeebm.data import StepSampler, filter_corpus, read_corpus
+from qeebm.decoding import corpus_nll, shard, translate_corpus
 from qeebm.diagnostics import term_gradient_stats
 from qeebm.errors import QeebmError
-from qeebm.evaluate import _shard, corpus_metrics, corpus_nll, translate_corpus
 from qeebm.methods import METHODS, Batch
 from qeebm.preemption import Preemption, parse_signals
+from qeebm.report import corpus_metrics
 from qeebm.translator import Translator, eval_mode
 
 log = logging.getLogger("qeebm.loop")
@@ -423,7 +424,7 @@ class ValidationScorers(dict):
 def mean_qe_score(scorer, src: list[str], hyps: list[str], accelerator=None) -> float:
     """Mean QE score of (src, hyp) pairs; each process scores its shard of a corpus every process
     holds whole, and the sums are added up."""
-    idx = _shard(list(range(len(src))), accelerator)
+    idx = shard(list(range(len(src))), accelerator)
     device = accelerator.device if accelerator is not None else torch.device("cpu")
     total = torch.tensor([sum(scorer.score([src[i] for i in idx], [hyps[i] for i in idx])) if idx else 0.0,
                           float(len(idx))], dtype=torch.float64, device=device)

@@ -52,6 +52,28 @@ TEXT_KEYS = ("src", "ref", "hyp")
 SELECTION_RULES = ("rerank", "mbr")
 # Metrics where a smaller number is better; every other metric is higher-is-better.
 LOWER_IS_BETTER = frozenset({"ter"})
+LABELS = {"bleu": "BLEU", "chrf": "chrF++", "ter": "TER", "comet": "COMET", "xcomet": "XCOMET",
+          "kiwi": "Kiwi", "judge": "Judge"}
+
+
+def label(metric: str) -> str:
+    return LABELS.get(metric, metric)
+
+
+def scale(metric: str) -> float:
+    """Display factor: COMET-type scores (0..1) are shown x100, as papers print them."""
+    return 1.0 if metric in SACREBLEU_METRICS else 100.0
+
+
+def higher_is_better(metric: str) -> bool:
+    return metric not in LOWER_IS_BETTER
+
+
+def column(metric: str) -> str:
+    name = label(metric)
+    if not higher_is_better(metric):
+        name += " ↓"
+    return name if scale(metric) == 1 else f"{name} ×100"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -125,6 +147,13 @@ def make_metric(name: str, signature: str | None = None):
     if info:
         raise QeebmError(f"{name} signature '{signature}': cannot rebuild the metric from key(s) {', '.join(sorted(info))}")
     return cls(**kwargs)
+
+
+def corpus_metrics(hyps: list[str], refs: list[str]) -> dict[str, float]:
+    """Corpus BLEU (sacrebleu's default 13a tokenisation) and chrF++ (chrF with word bigrams)."""
+    if len(hyps) != len(refs):
+        raise ValueError(f"{len(hyps)} hypotheses for {len(refs)} references")
+    return {name: float(make_metric(name).corpus_score(hyps, [refs]).score) for name in ("bleu", "chrf")}
 
 
 def metric_signature(name: str, signature: str | None = None) -> str:

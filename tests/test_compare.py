@@ -22,11 +22,13 @@ from qeebm.compare import (
     compare,
     format_csv,
     format_markdown,
+    run,
+)
+from qeebm.bootstrap import (
     paired_bootstrap_p,
     percentile_ci,
     resample_counts,
     resampled_scores,
-    run,
     sacrebleu_paired_p,
     seed_pairs,
 )
@@ -185,7 +187,7 @@ def test_bleu_p_value_agrees_with_sacrebleu_paired_bs():
 
     # Same resamples, same percentile rule: the CI half-width is sacrebleu's (up to its float32 stats).
     from sacrebleu.significance import PairedTest
-    from qeebm.compare import _environ
+    from qeebm.bootstrap import _environ
 
     with _environ("SACREBLEU_SEED", "12345"):
         _, scores = PairedTest([("base", base), ("sys", system)], {"BLEU": BLEU()}, [refs], test_type="bs",

@@ -14,7 +14,8 @@ import pytest
 from qeebm.cli import main
 from qeebm.config import GenerationConfig, dump_config, load_config
 from qeebm.errors import QeebmError
-from qeebm.evaluate import MetricSpec, _parse_judges, eval_report_path, evaluate_run, evaluate_system, write_eval
+from qeebm.cli_evaluate import _parse_judges
+from qeebm.evaluate import MetricSpec, eval_report_path, evaluate_run, evaluate_system, write_eval
 from qeebm.report import read_report
 
 BIN = Path(sys.executable).parent

@@ -17,7 +17,7 @@ from sacrebleu.metrics import CHRF
 from qeebm.cli import main
 from qeebm.config import GenerationConfig, ModelConfig, dump_config, load_config
 from qeebm.errors import QeebmError
-from qeebm.evaluate import decode_test
+from qeebm.decoding import decode_test
 from qeebm.qad import ChrfUtility, Selection, chrf_matrix, decode_and_select, generate_candidates, mbr, rerank
 from qeebm.report import read_report
 from qeebm.translator import Translator

@@ -324,7 +324,8 @@ def train_base(world: Path, family: str, seed: int, spec: WorldSize) -> dict:
     """Random init -> the pretraining corpus -> ``DIR/<family>-base`` (the best checkpoint by chrF++
     on the corpus's own dev set, never the task's). Returns its test BLEU / chrF++ on the task."""
     from qeebm.data import read_corpus
-    from qeebm.evaluate import corpus_metrics, translate_corpus
+    from qeebm.decoding import translate_corpus
+    from qeebm.report import corpus_metrics
     from qeebm.loop import train
     from qeebm.tinyworld.models import build_tiny_translator
     from qeebm.translator import Translator
