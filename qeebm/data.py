@@ -1,4 +1,4 @@
-"""Corpora: reading and validating them, filtering training pairs, and the step sampler.
+"""Corpora: reading and validating them, filtering training pairs, writing them atomically.
 
 A problem with a user's corpus is a one-line ``QeebmError`` naming the file and line
 (``data/train.tsv:7: empty target``), raised before any model is loaded. Lines are counted from 1
@@ -9,7 +9,6 @@ them. Text is never altered beyond dropping the line ending and a leading byte-o
 from __future__ import annotations
 
 import codecs
-import hashlib
 import json
 import logging
 import os
@@ -18,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
-import torch
 
 from qeebm.config import CHOICES, CORPUS_FORMATS, CorpusConfig
 from qeebm.errors import QeebmError, first_line
@@ -492,92 +490,17 @@ def filter_corpus(
 
 
 # ----------------------------------------------------------------------------------------------
-# The step sampler
-
-
-class StepSampler:
-    """Deterministic infinite stream of example indices: epoch e is a permutation drawn from a
-    torch.Generator seeded with (seed, e), and step s covers stream positions
-    [s*global_batch, (s+1)*global_batch). A pure function of (n, global_batch, seed, step), so
-    resuming at step k replays exactly what an uninterrupted run would have seen, and any split of
-    a step over processes and micro-steps sees the same examples. (A few recent permutations are
-    cached; that is speed only, never state.)"""
-
-    _CACHE = 4
-
-    def __init__(self, n: int, global_batch: int, seed: int):
-        if n <= 0:
-            raise ValueError(f"cannot sample from an empty corpus (n={n})")
-        if global_batch <= 0:
-            raise ValueError(f"global_batch must be positive; got {global_batch}")
-        self.n = n
-        self.global_batch = global_batch
-        self.seed = seed
-        self._perms: dict[int, list[int]] = {}
-
-    def _epoch_seed(self, epoch: int) -> int:
-        # Hashing keeps (seed, e) and (seed', e') from colliding the way seed + e would.
-        digest = hashlib.sha256(f"qeebm.StepSampler:{self.seed}:{epoch}".encode()).digest()
-        return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
-
-    def permutation(self, epoch: int) -> list[int]:
-        perm = self._perms.get(epoch)
-        if perm is None:
-            gen = torch.Generator()
-            gen.manual_seed(self._epoch_seed(epoch))
-            perm = torch.randperm(self.n, generator=gen).tolist()
-            if len(self._perms) >= self._CACHE:
-                self._perms.pop(next(iter(self._perms)))
-            self._perms[epoch] = perm
-        return perm
-
-    def global_indices(self, step: int) -> list[int]:
-        if step < 0:
-            raise ValueError(f"step must be >= 0; got {step}")
-        pos = step * self.global_batch
-        end = pos + self.global_batch
-        out: list[int] = []
-        while pos < end:
-            epoch, offset = divmod(pos, self.n)
-            take = min(end - pos, self.n - offset)
-            out.extend(self.permutation(epoch)[offset : offset + take])
-            pos += take
-        return out
-
-    def local_indices(self, step: int, micro: int, rank: int, world: int, accum: int) -> list[int]:
-        """Slice ``micro * world + rank`` of the step's global list cut into ``accum * world``
-        equal contiguous slices."""
-        parts = world * accum
-        if world <= 0 or accum <= 0:
-            raise ValueError(f"world and accum must be positive; got world={world}, accum={accum}")
-        if self.global_batch % parts != 0:
-            raise ValueError(
-                f"global batch {self.global_batch} does not split into {world} processes x {accum} "
-                f"accumulation steps; make it a multiple of {parts}"
-            )
-        if not (0 <= micro < accum and 0 <= rank < world):
-            raise ValueError(f"micro={micro}, rank={rank} out of range for accum={accum}, world={world}")
-        size = self.global_batch // parts
-        k = micro * world + rank
-        return self.global_indices(step)[k * size : (k + 1) * size]
-
-    def epoch_of(self, step: int) -> float:
-        """Epochs completed before ``step`` starts (fractional)."""
-        return step * self.global_batch / self.n
-
-
-# ----------------------------------------------------------------------------------------------
 # Writing
 
 
-def _check_writable(text: Any, path: Path, what: str) -> None:
+def check_writable(text: Any, path: Path, what: str) -> None:
     if not isinstance(text, str):
         raise QeebmError(f"{path}: {what} is {type(text).__name__}, not a string")
     if "\t" in text or "\n" in text or "\r" in text:
         raise QeebmError(f"{path}: {what} contains a tab or line break, which a TSV/text corpus cannot hold: {text!r}")
 
 
-def _write_atomic(path: Path, lines: Iterable[str]) -> None:
+def write_atomic(path: Path, lines: Iterable[str]) -> None:
     """Readers never see a half-written corpus: write a sibling temp file, then rename over."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
@@ -600,16 +523,16 @@ def write_tsv(
     if len(src) != len(tgt):
         raise ValueError(f"{path}: {len(src)} sources but {len(tgt)} targets")
     for col in columns:
-        _check_writable(col, path, f"column name {col!r}")
+        check_writable(col, path, f"column name {col!r}")
     for i, (s, t) in enumerate(zip(src, tgt)):
-        _check_writable(s, path, f"source {i}")
-        _check_writable(t, path, f"target {i}")
-    _write_atomic(path, ["\t".join(columns)] + [f"{s}\t{t}" for s, t in zip(src, tgt)])
+        check_writable(s, path, f"source {i}")
+        check_writable(t, path, f"target {i}")
+    write_atomic(path, ["\t".join(columns)] + [f"{s}\t{t}" for s, t in zip(src, tgt)])
 
 
 def write_lines(path: str | os.PathLike, lines: Sequence[str]) -> None:
     """One text per line (a source-only pool, one side of a text pair, hypotheses)."""
     path = Path(path)
     for i, text in enumerate(lines):
-        _check_writable(text, path, f"line {i + 1}")
-    _write_atomic(path, list(lines))
+        check_writable(text, path, f"line {i + 1}")
+    write_atomic(path, list(lines))

@@ -38,13 +38,14 @@ from qeebm.backends import (
     trained_parameters,
 )
 from qeebm.config import Config, flat_dict, to_dict
-from qeebm.data import StepSampler, filter_corpus, read_corpus
+from qeebm.data import filter_corpus, read_corpus
 from qeebm.decoding import corpus_nll, shard, translate_corpus
 from qeebm.diagnostics import term_gradient_stats
 from qeebm.errors import QeebmError
 from qeebm.methods import METHODS, Batch
 from qeebm.preemption import Preemption, parse_signals
 from qeebm.report import corpus_metrics
+from qeebm.step_sampler import StepSampler
 from qeebm.translator import Translator, eval_mode
 
 log = logging.getLogger("qeebm.loop")

@@ -10,7 +10,8 @@ import time
 import pytest
 
 from qeebm.config import CorpusConfig
-from qeebm.data import Corpus, StepSampler, filter_corpus, read_corpus, write_lines, write_tsv
+from qeebm.data import Corpus, filter_corpus, read_corpus, write_lines, write_tsv
+from qeebm.step_sampler import StepSampler
 from qeebm.errors import QeebmError
 
 

@@ -27,15 +27,15 @@ COLUMNS = ("src", "mt", "score")
 def write_judged(path: str | Path, rows, origins: list[str] | None = None) -> Path:
     """(src, mt, ref, quality) rows as a TSV file with the header ``src mt ref score``, and a fifth
     column ``origin`` when ``origins`` are given (where each translation came from)."""
-    from qeebm.data import _check_writable, _write_atomic
+    from qeebm.data import check_writable, write_atomic
 
     path = Path(path)
     lines = ["src\tmt\tref\tscore" + ("\torigin" if origins is not None else "")]
     for n, (src, mt, ref, quality) in enumerate(rows, 2):
         for name, text in (("src", src), ("mt", mt), ("ref", ref)):
-            _check_writable(text, path, f"line {n}'s {name}")
+            check_writable(text, path, f"line {n}'s {name}")
         lines.append(f"{src}\t{mt}\t{ref}\t{float(quality)!r}" + (f"\t{origins[n - 2]}" if origins is not None else ""))
-    _write_atomic(path, lines)
+    write_atomic(path, lines)
     return path
 
 
