@@ -7,6 +7,7 @@ import pytest
 
 from qeebm.tinyworld import language as L
 from qeebm.tinyworld.language import NP, Clause, Pair, Sentence
+from qeebm.tinyworld.language.vocabulary import NUM_EN, num_tgt
 
 LATIN = re.compile(r"[A-Za-z]")
 
@@ -127,9 +128,9 @@ def test_numerals_make_english_plural_but_keep_target_singular():
             continue
         noun = obj.head
         pair = L.render(meaning)
-        number = str(obj.count) if obj.digits or obj.count > 20 else L._NUM_EN[obj.count]
+        number = str(obj.count) if obj.digits or obj.count > 20 else NUM_EN[obj.count]
         assert f"{number} {noun.en_pl}" in pair.src, pair
-        numeral = " ".join(L._num_tgt(obj.count, obj.digits))
+        numeral = " ".join(num_tgt(obj.count, obj.digits))
         # the bare singular stem right after the numeral: no plural suffix, no нар, no case
         match = re.search(rf"(?:^|\s){re.escape(numeral)} {re.escape(noun.tgt)}(?=[ ,.?])( нар)?", pair.tgt)
         assert match and not match.group(1), pair

@@ -2,7 +2,7 @@
 
 The world mirrors the published protocol (docs/tinyworld.md):
 
-1. data: English -> pseudo-Mongolian pairs (``language.py``) in source-disjoint splits. The task:
+1. data: English -> pseudo-Mongolian pairs (``language/``) in source-disjoint splits. The task:
    ``train`` pairs of which the first 20% are labelled (``data/train.tsv``) and whose sources are
    all the source-only pool (``data/mono.txt``), dev and test. The bases' "pretraining" corpus, a
    narrower slice of the same language (only the most common content words). The QEs' judged
