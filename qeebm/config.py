@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import logging
 import types
 import typing
 from dataclasses import dataclass, field
@@ -20,6 +21,8 @@ import yaml
 
 from qeebm.errors import QeebmError
 from qeebm.guards import GuardConfig
+
+LOG = logging.getLogger("qeebm.config")
 
 TINYWORLD_DIR = "data/tinyworld"
 # One name per system everywhere: its recipe (recipes/configs/tiny_NAME.yaml, recipes/configs/real/
@@ -140,6 +143,20 @@ class GenerationConfig:
 
 
 @dataclass
+class SamplingConfig:
+    """How a method that learns from its own translations draws them: ``num_samples`` (K) per
+    source-only sentence, at most ``max_new_tokens``, at ``temperature`` with top-k / nucleus
+    truncation (0 and 1.0: ancestral sampling). One section, ``<method>.sampling``, in QE-EBM,
+    REINFORCE and PPO; each method documents what it does with truncation."""
+
+    num_samples: int = 5
+    max_new_tokens: int = 50
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+
+@dataclass
 class EvalConfig:
     """Periodic validation, best-checkpoint selection and early stopping.
 
@@ -242,7 +259,7 @@ class QeEbmConfig:
     """QE-EBM on the translator: loss = alpha * CE(labelled) + beta * mean_k E(x, y_k) over a
     source-only batch (``data.mono``, the same global size as ``optim.batch_size``), E = -QE.
 
-    Sampling: ``num_samples`` (K) per source, ancestral by default (temperature 1, top_k 0, top_p 1).
+    ``sampling``: K samples per source (``sampling.num_samples``), ancestral by default.
     ``relaxation``: how the sampled tokens carry the gradient into the QE: "st" (straight-through),
     "softmax" (expected embedding) or "gumbel-st" (straight-through Gumbel-softmax at ``tau``).
     ``weighting: absolute`` (the published schedule) at optimiser step s (counted from 1):
@@ -264,11 +281,7 @@ class QeEbmConfig:
     ``guard/*``. The RL baselines rank such samples last; a guard has no gradient, so dropping them
     is what QE-EBM can do with the same test."""
 
-    num_samples: int = 5
-    max_new_tokens: int = 50
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
     relaxation: str = "st"  # st | softmax | gumbel-st
     tau: float = 1.0
     beta_max: float = 0.001
@@ -283,7 +296,7 @@ class QeEbmConfig:
 
 @dataclass
 class ReinforceConfig:
-    """REINFORCE, the paper's policy-gradient baseline: ``num_samples`` (K) samples of each
+    """REINFORCE, the paper's policy-gradient baseline: ``sampling.num_samples`` (K) samples of each
     source-only sentence (``data.mono``, global size ``optim.batch_size``), nucleus p=0.9 as
     published; reward = QE score (``qe.path``) with the hits of the ``guards`` penalised (when
     ``guards`` is true; ``guards.penalty_unit``); loss = alpha * CE(labelled batch) + beta * policy
@@ -298,11 +311,7 @@ class ReinforceConfig:
     step. The paper does not give beta. The log-probabilities are taken under the sampling
     temperature; top_k/top_p truncate the sampler only (the published nucleus estimator)."""
 
-    num_samples: int = 5
-    max_new_tokens: int = 50
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 0.9
+    sampling: SamplingConfig = field(default_factory=lambda: SamplingConfig(top_p=0.9))
     baseline: str = "rloo"  # rloo | running_mean | none
     reward_scaling: str = "whiten"  # whiten | max_abs | none
     alpha: float = 1.0  # CE weight; 0 skips the labelled forward pass
@@ -314,7 +323,7 @@ class ReinforceConfig:
 class PPOConfig:
     """PPO, the paper's actor-critic baseline (TRL's former seq2seq defaults, the values in
     qeebm/rl.py). One optimiser step of the loop is one rollout of ``optim.batch_size`` source-only
-    sentences x ``num_samples``, followed by ``epochs`` x ``minibatches`` optimiser updates over it;
+    sentences x ``sampling.num_samples``, followed by ``epochs`` x ``minibatches`` optimiser updates over it;
     the published batch 20 / minibatch 4 / 2 epochs is ``optim.batch_size: 20``,
     ``ppo.minibatches: 5``, ``ppo.epochs: 2``. The learning-rate schedule advances once per rollout.
 
@@ -333,11 +342,7 @@ class PPOConfig:
     head's output starts at 0. ``value_warmup_steps``: for the first so many optimiser steps only the
     value loss trains (the policy term has weight 0)."""
 
-    num_samples: int = 1
-    max_new_tokens: int = 50
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
+    sampling: SamplingConfig = field(default_factory=lambda: SamplingConfig(num_samples=1))
     epochs: int = 2
     minibatches: int = 5
     critic: str = "detached"  # detached | shared
@@ -531,8 +536,39 @@ def _check_choices(cfg: Config) -> None:
             raise QeebmError(f"config key '{key}' must be one of {', '.join(allowed)}; got {node!r}")
 
 
+# The sampling keys lived flat in each method's section before ``<method>.sampling`` gathered them.
+SAMPLING_SECTIONS = ("qe_ebm", "reinforce", "ppo")
+_SAMPLING_KEYS = tuple(f.name for f in dataclasses.fields(SamplingConfig))
+
+
+def upgrade_keys(values: dict, warn: bool = True) -> dict:
+    """``values`` with the old flat sampling keys (``reinforce.top_p``) moved to their section
+    (``reinforce.sampling.top_p``), one deprecation line each when ``warn``; both forms at once is an
+    error. Saved run configs go through this too, so an old run directory still resumes."""
+    out = dict(values)
+    for section in SAMPLING_SECTIONS:
+        node = out.get(section)
+        if not isinstance(node, dict) or not any(k in node for k in _SAMPLING_KEYS):
+            continue
+        node = dict(node)
+        nested = dict(node.get("sampling") or {})
+        for key in _SAMPLING_KEYS:
+            if key not in node:
+                continue
+            if key in nested:
+                raise QeebmError(f"config keys '{section}.{key}' and '{section}.sampling.{key}' both given: "
+                                 f"keep '{section}.sampling.{key}'")
+            nested[key] = node.pop(key)
+            if warn:
+                LOG.warning("config key '%s.%s' is now '%s.sampling.%s'; the old name still works for now",
+                            section, key, section, key)
+        node["sampling"] = nested
+        out[section] = node
+    return out
+
+
 def config_from_dict(values: dict) -> Config:
-    cfg = _build(Config, values)
+    cfg = _build(Config, upgrade_keys(values))
     _check_choices(cfg)
     return cfg
 

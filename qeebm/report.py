@@ -43,6 +43,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from qeebm.config import upgrade_keys
 from qeebm.errors import QeebmError
 
 FORMAT = "qeebm-eval/1"
@@ -340,8 +341,9 @@ def write_report(path, report: dict) -> Path:
 
 def config_id(config: dict, ignore: Sequence[str] = ("seed", "output", "logging")) -> str:
     """A short hash of a training config with the top-level keys that differ between seeds of one
-    experiment (the seed, where it is written, how it is logged) left out."""
-    kept = {k: v for k, v in config.items() if k not in ignore}
+    experiment (the seed, where it is written, how it is logged) left out. A config saved before
+    ``<method>.sampling`` existed hashes as its upgraded form, so its runs group with newer ones."""
+    kept = {k: v for k, v in upgrade_keys(config, warn=False).items() if k not in ignore}
     blob = json.dumps(kept, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

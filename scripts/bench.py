@@ -256,7 +256,7 @@ def step_overrides(name: str, world: Path, run_dir: Path, args, translator: Path
     out = run_overrides(name, world, run_dir, b, seed=42) + ["output.save_every=0", "eval.max_examples=4"]
     if name in SAMPLING_SECTION:
         section = SAMPLING_SECTION[name]
-        out += [f"{section}.num_samples={args.samples}", f"{section}.max_new_tokens={args.new_tokens}"]
+        out += [f"{section}.sampling.num_samples={args.samples}", f"{section}.sampling.max_new_tokens={args.new_tokens}"]
     if translator is not None:
         out += [f"model.name_or_path={translator}", f"qe.path={kiwi}", "generation.max_new_tokens=8"]
     if lora:

@@ -54,12 +54,12 @@ def variant_overrides(name: str, k: int) -> list[str]:
     if method == "qe-ebm":
         return ["qe_ebm.alpha=0.0", "qe_ebm.beta_max=1.0", "qe_ebm.beta_ramp_steps=0", "qe_ebm.weighting=absolute",
                 "qe_ebm.guards=false",
-                f"qe_ebm.num_samples={k}", "qe_ebm.temperature=1.0", "qe_ebm.top_k=0", "qe_ebm.top_p=1.0"]
+                f"qe_ebm.sampling.num_samples={k}", "qe_ebm.sampling.temperature=1.0", "qe_ebm.sampling.top_k=0", "qe_ebm.sampling.top_p=1.0"]
     if method == "reinforce":
-        return ["reinforce.alpha=0.0", "reinforce.beta=1.0", "reinforce.guards=false", f"reinforce.num_samples={k}",
-                "reinforce.temperature=1.0", "reinforce.top_k=0", "reinforce.top_p=1.0"]
-    return ["ppo.alpha=0.0", "ppo.guards=false", f"ppo.num_samples={k}", "ppo.temperature=1.0", "ppo.top_k=0",
-            "ppo.top_p=1.0"]
+        return ["reinforce.alpha=0.0", "reinforce.beta=1.0", "reinforce.guards=false", f"reinforce.sampling.num_samples={k}",
+                "reinforce.sampling.temperature=1.0", "reinforce.sampling.top_k=0", "reinforce.sampling.top_p=1.0"]
+    return ["ppo.alpha=0.0", "ppo.guards=false", f"ppo.sampling.num_samples={k}", "ppo.sampling.temperature=1.0", "ppo.sampling.top_k=0",
+            "ppo.sampling.top_p=1.0"]
 
 
 def overrides(name: str, lr: float, args, run_dir: Path) -> list[str]:

@@ -111,10 +111,10 @@ def test_deepspeed_zero2_on_two_cpu_processes_follows_ddp_and_resumes_exactly(ba
 
 METHOD_ARGS = {
     # PPO's value head (the method's extra parameters) joins DeepSpeed's one engine.
-    "ppo": ["method=ppo", "ppo.max_new_tokens=6", "ppo.minibatches=2", "ppo.epochs=1"],
+    "ppo": ["method=ppo", "ppo.sampling.max_new_tokens=6", "ppo.minibatches=2", "ppo.epochs=1"],
     # QE-dynamic's QE keeps its own optimiser outside the engine, its gradients summed by the method.
     "qe-ebm-dynamic": ["method=qe-ebm", "qe.mode=dynamic", "qe.warmup_steps=0", "qe.train_parts=[head]",
-                       "qe_ebm.num_samples=2", "qe_ebm.max_new_tokens=6", "qe_ebm.beta_max=1.0", "qe_ebm.beta_ramp_steps=0"],
+                       "qe_ebm.sampling.num_samples=2", "qe_ebm.sampling.max_new_tokens=6", "qe_ebm.beta_max=1.0", "qe_ebm.beta_ramp_steps=0"],
 }
 
 

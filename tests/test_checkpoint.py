@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import yaml
 
 from ddp_parity import assert_identical, make_config, read_metrics, write_tiny_world
 from qeebm import checkpoint as ckpt
@@ -95,6 +96,18 @@ def test_resume_refuses_a_different_config(base, tmp_path):
     # Settings that do not change the weights may differ.
     result = train(make_config(base, run, "optim.max_steps=3", "logging.every=2", "output.keep_last=1", "eval.patience=3"))
     assert result.step == 3
+
+
+def test_a_run_saved_with_the_old_flat_sampling_keys_still_resumes(base, tmp_path):
+    run = tmp_path / "run"
+    train(make_config(base, run, "optim.max_steps=2"))
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    for section in ("qe_ebm", "reinforce", "ppo"):  # the layout before <method>.sampling existed
+        saved[section].update(saved[section].pop("sampling"))
+    (run / "config.yaml").write_text(yaml.safe_dump(saved))
+    assert train(make_config(base, run, "optim.max_steps=3")).step == 3
+    with pytest.raises(QeebmError, match="reinforce.sampling.top_p"):
+        train(make_config(base, run, "optim.max_steps=4", "reinforce.sampling.top_p=0.5"))
 
 
 def test_existing_checkpoints_without_resume_are_an_error(base, tmp_path):

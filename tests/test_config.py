@@ -82,3 +82,21 @@ def test_every_field_has_a_default():
 @pytest.mark.parametrize("path", RECIPES, ids=[p.name for p in RECIPES])
 def test_every_recipe_config_loads(path):
     load_config(path)
+
+
+def test_old_flat_sampling_keys_are_read_as_the_sampling_section(caplog):
+    old = load_config(None, ["reinforce.top_p=0.5", "reinforce.num_samples=3", "ppo.temperature=0.7"])
+    new = load_config(None, ["reinforce.sampling.top_p=0.5", "reinforce.sampling.num_samples=3",
+                             "ppo.sampling.temperature=0.7"])
+    assert old == new and new.reinforce.sampling.top_p == 0.5 and new.ppo.sampling.temperature == 0.7
+    assert "config key 'reinforce.top_p' is now 'reinforce.sampling.top_p'" in caplog.text
+    with pytest.raises(QeebmError, match="'qe_ebm.top_k' and 'qe_ebm.sampling.top_k' both given"):
+        load_config(None, ["qe_ebm.top_k=5", "qe_ebm.sampling.top_k=3"])
+
+
+def test_each_method_keeps_its_own_sampling_defaults():
+    cfg = Config()
+    # REINFORCE's published nucleus sampler, PPO's one rollout per source, QE-EBM's K = 5.
+    assert (cfg.reinforce.sampling.top_p, cfg.reinforce.sampling.num_samples) == (0.9, 5)
+    assert (cfg.ppo.sampling.top_p, cfg.ppo.sampling.num_samples) == (1.0, 1)
+    assert (cfg.qe_ebm.sampling.top_p, cfg.qe_ebm.sampling.num_samples) == (1.0, 5)

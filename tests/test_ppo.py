@@ -23,7 +23,7 @@ from qeebm.methods.base import Batch
 from qeebm.methods.ppo import PPO
 from qeebm.translator import Translator
 
-FAST = ("method=ppo", "ppo.max_new_tokens=8", "ppo.minibatches=2", "optim.max_steps=2")
+FAST = ("method=ppo", "ppo.sampling.max_new_tokens=8", "ppo.minibatches=2", "optim.max_steps=2")
 
 
 @pytest.fixture(scope="module")
@@ -123,7 +123,7 @@ def mono_batch(n: int) -> Batch:
 
 def test_rollouts_stop_at_eos_and_padding_carries_nothing(base, tmp_path, toy_reward):
     cfg = make_config(base, tmp_path / "run", "method=ppo", f"model.name_or_path={tiny_translator_dir('mbart')}",
-                      "ppo.max_new_tokens=12", "ppo.num_samples=2", "ppo.minibatches=2", "ppo.epochs=2")
+                      "ppo.sampling.max_new_tokens=12", "ppo.sampling.num_samples=2", "ppo.minibatches=2", "ppo.epochs=2")
     method = build(cfg, edit=likely_eos)
     (r,) = method.finish_rollouts([method.rollout(mono_batch(6))], gather=lambda t: t)
     s, eos, pad = r.samples, 2, 1
@@ -179,7 +179,7 @@ def count_parameters(method: PPO) -> int:
 def test_lora_reference_is_the_same_model_with_the_adapter_disabled(base, tmp_path, toy_reward, monkeypatch):
     # Dropout on in the model: PPO's forwards (and the reference) run without it all the same.
     lora = make_config(base, tmp_path / "lora", "method=ppo", "model.lora.enabled=true", "model.lora.r=4",
-                       "model.lora.dropout=0.1", "model.dropout=0.1", "ppo.max_new_tokens=6")
+                       "model.lora.dropout=0.1", "model.dropout=0.1", "ppo.sampling.max_new_tokens=6")
     method = build(lora)
     model = method.translator.model
     head = sum(p.numel() for p in method.value_head.parameters())
@@ -231,7 +231,7 @@ def test_resume_gives_identical_weights_value_head_and_kl_coef(base, tmp_path, t
 
 @pytest.mark.parametrize("critic", ["detached", "shared"])
 def test_a_detached_critic_has_no_gradient_path_into_the_translator(base, tmp_path, toy_reward, critic):
-    cfg = make_config(base, tmp_path / "run", "method=ppo", "ppo.max_new_tokens=8", "ppo.minibatches=1",
+    cfg = make_config(base, tmp_path / "run", "method=ppo", "ppo.sampling.max_new_tokens=8", "ppo.minibatches=1",
                       f"ppo.critic={critic}")
     method = build(cfg)
     (r,) = method.finish_rollouts([method.rollout(mono_batch(4))], gather=lambda t: t)
@@ -253,7 +253,7 @@ def test_a_detached_critic_has_no_gradient_path_into_the_translator(base, tmp_pa
 def test_old_logprobs_are_the_sampling_distributions(base, tmp_path, toy_reward):
     # Temperature 0.7 and the suppressed special tokens: generate()'s own processed scores at each
     # step give the log-probability each drawn token was sampled with; PPO records the same.
-    cfg = make_config(base, tmp_path / "run", "method=ppo", "ppo.max_new_tokens=8", "ppo.temperature=0.7")
+    cfg = make_config(base, tmp_path / "run", "method=ppo", "ppo.sampling.max_new_tokens=8", "ppo.sampling.temperature=0.7")
     method = build(cfg)
     tr = method.translator
     sources = mono_batch(4).mono
@@ -308,6 +308,6 @@ def test_no_special_token_but_eos_is_ever_sampled(base, tmp_path, family):
 def test_ppo_refuses_a_truncated_sampler(base, tmp_path):
     from qeebm.errors import QeebmError
 
-    for override in ("ppo.top_p=0.9", "ppo.top_k=50"):
-        with pytest.raises(QeebmError, match="ppo.top_k must be 0 and ppo.top_p 1.0"):
+    for override in ("ppo.sampling.top_p=0.9", "ppo.sampling.top_k=50"):
+        with pytest.raises(QeebmError, match="ppo.sampling.top_k must be 0 and ppo.sampling.top_p 1.0"):
             PPO.check_config(make_config(base, tmp_path / "run", "method=ppo", override))

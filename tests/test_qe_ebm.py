@@ -30,7 +30,7 @@ from qeebm.rl import sequence_logprobs
 from qeebm.translator import Translator
 
 # Few, short samples: the tests need the paths to run, not good translations.
-SMALL = ["qe_ebm.num_samples=2", "qe_ebm.max_new_tokens=8", "data.dev.path="]
+SMALL = ["qe_ebm.sampling.num_samples=2", "qe_ebm.sampling.max_new_tokens=8", "data.dev.path="]
 # Pure energy: alpha 0, beta 1 from the first step.
 ENERGY_ONLY = ["qe_ebm.alpha=0.0", "qe_ebm.beta_max=1.0", "qe_ebm.beta_ramp_steps=0"]
 

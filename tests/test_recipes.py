@@ -110,7 +110,7 @@ def test_plan_follows_the_published_setup():
     assert (by_system["ppo"].optim.batch_size, by_system["ppo"].ppo.minibatches, by_system["ppo"].ppo.epochs) == (20, 5, 2)
     assert by_system["qe-ebm-static"].qe.mode == "static" and by_system["qe-ebm-dynamic"].qe.mode == "dynamic"
     assert by_system["reinforce"].reinforce.guards and by_system["ppo"].ppo.guards
-    assert by_system["reinforce"].reinforce.top_p == 0.9 and by_system["qe-ebm-static"].qe_ebm.num_samples == 5
+    assert by_system["reinforce"].reinforce.sampling.top_p == 0.9 and by_system["qe-ebm-static"].qe_ebm.sampling.num_samples == 5
     finetune = by_system["qe-finetune"].qe_finetune
     assert (finetune.num_candidates, finetune.candidates, finetune.selection, finetune.refresh_every) == (8, "beam", "rerank", 0)
 

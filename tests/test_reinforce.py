@@ -22,7 +22,7 @@ from qeebm.rl import RunningMeanBaseline
 from qeebm.translator import Translator
 
 # Short samples and few of them: the tests are about plumbing, not learning.
-FAST = ("reinforce.max_new_tokens=8", "reinforce.num_samples=2", "optim.max_steps=2")
+FAST = ("reinforce.sampling.max_new_tokens=8", "reinforce.sampling.num_samples=2", "optim.max_steps=2")
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +83,7 @@ def test_toy_reward_moves_probability_toward_rewarded_samples(base, tmp_path, to
     # Pure policy gradient (no CE), leave-one-out baseline: only the toy reward drives the update.
     cfg = make_config(base, tmp_path / "run", "method=reinforce", "reinforce.alpha=0.0", "reinforce.beta=1.0",
                       "reinforce.baseline=rloo", "reinforce.reward_scaling=none", "reinforce.guards=false",
-                      "reinforce.num_samples=8", "reinforce.max_new_tokens=3", "optim.max_steps=2", "optim.batch_size=16",
+                      "reinforce.sampling.num_samples=8", "reinforce.sampling.max_new_tokens=3", "optim.max_steps=2", "optim.batch_size=16",
                       "optim.lr=1e-2")
     result = train(cfg)
     tok = Translator.load(cfg.model).tokenizer

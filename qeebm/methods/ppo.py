@@ -122,17 +122,17 @@ class PPO(Method):
     @classmethod
     def check_config(cls, cfg: Config) -> None:
         check_static_qe(cfg)
-        c = cfg.ppo
-        for key in ("num_samples", "epochs", "minibatches"):
-            if getattr(c, key) < 1:
-                raise QeebmError(f"ppo.{key} must be at least 1; got {getattr(c, key)}")
-        if c.top_k != 0 or c.top_p != 1.0:
+        c, s = cfg.ppo, cfg.ppo.sampling
+        for key, value in (("sampling.num_samples", s.num_samples), ("epochs", c.epochs), ("minibatches", c.minibatches)):
+            if value < 1:
+                raise QeebmError(f"ppo.{key} must be at least 1; got {value}")
+        if s.top_k != 0 or s.top_p != 1.0:
             # Ratios and the KL penalty need the probability the sampler drew each token with; a
             # truncated distribution's is not the policy's (TRL refuses these settings too).
-            raise QeebmError(f"ppo samples from the full policy: ppo.top_k must be 0 and ppo.top_p 1.0 "
-                             f"(got {c.top_k} and {c.top_p}); ppo.temperature is applied to the log-probs")
-        if c.temperature <= 0:
-            raise QeebmError(f"ppo.temperature must be > 0; got {c.temperature}")
+            raise QeebmError(f"ppo samples from the full policy: ppo.sampling.top_k must be 0 and ppo.sampling.top_p "
+                             f"1.0 (got {s.top_k} and {s.top_p}); ppo.sampling.temperature is applied to the log-probs")
+        if s.temperature <= 0:
+            raise QeebmError(f"ppo.sampling.temperature must be > 0; got {s.temperature}")
         if c.value_warmup_steps < 0:
             raise QeebmError(f"ppo.value_warmup_steps must be >= 0; got {c.value_warmup_steps}")
 
@@ -141,7 +141,7 @@ class PPO(Method):
         self.translator, self.model = translator, model
         # The loop runs epochs x minibatches optimiser updates over each rollout.
         self.epochs, self.minibatches = self.c.epochs, self.c.minibatches
-        self.gen = sampling_config(self.c)
+        self.gen = sampling_config(self.c.sampling)
         self.reward = QEReward(cfg, translator, self.c.guards)
         self.label_smoothing = cfg.optim.label_smoothing  # of the CE term (alpha > 0), as SFT's
         # Value head: V(s_t) from the decoder's last hidden state at position t, which has seen the
@@ -211,7 +211,7 @@ class PPO(Method):
     @torch.no_grad()
     def rollout(self, batch: Batch) -> PPORollout:
         # 1. Sample, stopping at </s>.
-        s = sample(self.translator, mono_sources(batch), self.c.num_samples, self.gen)
+        s = sample(self.translator, mono_sources(batch), self.c.sampling.num_samples, self.gen)
         # 2. Score and guard.
         qe, penalty, guards = self.reward(s.src, s.hyps)
         # 3. Old log-probs and values of the policy (the unwrapped module: no gradient, no DDP);
@@ -268,7 +268,7 @@ class PPO(Method):
             b = r.samples.tokens.shape[0]
             if b < m_:
                 raise QeebmError(f"ppo.minibatches={m_} but a micro-batch holds only {b} samples; lower "
-                                 "ppo.minibatches or raise optim.batch_size (or ppo.num_samples)")
+                                 "ppo.minibatches or raise optim.batch_size (or ppo.sampling.num_samples)")
             labels = r.batch.labels if c.alpha > 0 else None
             r.plan = []
             for e in range(e_):

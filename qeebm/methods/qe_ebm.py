@@ -133,9 +133,9 @@ class QeEbm(Method):
         self.translator, self.model = translator, model
         self.label_smoothing = cfg.optim.label_smoothing
         self.guards, self.langs = cfg.guards, (cfg.model.src_lang, cfg.model.tgt_lang)
-        self.k = self.c.num_samples
+        self.k = self.c.sampling.num_samples
         # top_k 0 / top_p 1 / temperature 1: pure ancestral sampling, as the reference code sampled.
-        self.gen = sampling_config(self.c)
+        self.gen = sampling_config(self.c.sampling)
         self.dynamic = self.q.mode == "dynamic"
         self.energy = load_energy(self.q.path, translator, freeze=not self.dynamic,
                                   gradient_checkpointing=self.q.gradient_checkpointing)
@@ -175,7 +175,8 @@ class QeEbm(Method):
     @classmethod
     def check_config(cls, cfg: Config) -> None:
         c, q = cfg.qe_ebm, cfg.qe
-        for key, value, low in (("qe_ebm.num_samples", c.num_samples, 1), ("qe_ebm.max_new_tokens", c.max_new_tokens, 1),
+        for key, value, low in (("qe_ebm.sampling.num_samples", c.sampling.num_samples, 1),
+                                ("qe_ebm.sampling.max_new_tokens", c.sampling.max_new_tokens, 1),
                                 ("qe_ebm.beta_ramp_steps", c.beta_ramp_steps, 0), ("qe.interval", q.interval, 1),
                                 ("qe.warmup_steps", q.warmup_steps, 0), ("qe.heldout_every", q.heldout_every, 1),
                                 ("qe.heldout_max_rows", q.heldout_max_rows, 0)):

@@ -115,15 +115,15 @@ class Reinforce(Method):
     def check_config(cls, cfg: Config) -> None:
         check_static_qe(cfg)
         c = cfg.reinforce
-        if c.num_samples < 1:
-            raise QeebmError(f"reinforce.num_samples must be at least 1; got {c.num_samples}")
-        if c.baseline == "rloo" and c.num_samples < 2:
-            raise QeebmError("reinforce.baseline=rloo leaves one sample out: it needs reinforce.num_samples >= 2")
+        if c.sampling.num_samples < 1:
+            raise QeebmError(f"reinforce.sampling.num_samples must be at least 1; got {c.sampling.num_samples}")
+        if c.baseline == "rloo" and c.sampling.num_samples < 2:
+            raise QeebmError("reinforce.baseline=rloo leaves one sample out: it needs reinforce.sampling.num_samples >= 2")
 
     def __init__(self, cfg: Config, translator, model: torch.nn.Module):
         self.cfg, self.c = cfg, cfg.reinforce
         self.translator, self.model = translator, model
-        self.gen = sampling_config(self.c)
+        self.gen = sampling_config(self.c.sampling)
         self.reward = QEReward(cfg, translator, self.c.guards)
         self.running = RunningMeanBaseline()
         self.label_smoothing = cfg.optim.label_smoothing  # of the CE term (alpha > 0), as SFT's
@@ -138,7 +138,7 @@ class Reinforce(Method):
     @torch.no_grad()
     def rollout(self, batch: Batch) -> ReinforceRollout:
         # 1. Sample K translations of every source-only sentence.
-        k = self.c.num_samples
+        k = self.c.sampling.num_samples
         samples = sample(self.translator, mono_sources(batch), k, self.gen)
         # 2. What the reward is made of: the QE's score and the guards' penalty.
         scores, penalty, guards = self.reward(samples.src, samples.hyps)

@@ -7,14 +7,14 @@ from dataclasses import dataclass
 
 import torch
 
-from qeebm.config import GenerationConfig
+from qeebm.config import GenerationConfig, SamplingConfig
 from qeebm.errors import QeebmError
 from qeebm.methods.base import Batch
 from qeebm.rl import eos_mask
 
 
-def sampling_config(c) -> GenerationConfig:
-    """Ancestral / top-k / nucleus sampling from a method section with those keys."""
+def sampling_config(c: SamplingConfig) -> GenerationConfig:
+    """Ancestral / top-k / nucleus sampling as a method's ``sampling`` section asks."""
     return GenerationConfig(num_beams=1, do_sample=True, max_new_tokens=c.max_new_tokens,
                             temperature=c.temperature, top_k=c.top_k, top_p=c.top_p)
 
