@@ -358,7 +358,7 @@ def test_margin_loss_and_update_schedule(world, tmp_path):
     cfg = qe_config(world, tmp_path / "run", "qe.mode=dynamic", "qe.warmup_steps=2", "qe.interval=2",
                     "qe.loss=margin", "qe.margin=0.5", "qe.train_parts=[head]")
     tr, method, batch = build(cfg)
-    assert [s for s in range(1, 9) if method.qe_update_due(s)] == [4, 6, 8]
+    assert [s for s in range(1, 9) if method.dynamic_qe.update_due(s)] == [4, 6, 8]
     loss, stats = method.qe_loss(batch)
     # Every hinge is at least margin - (score gap); the random QE scores differ by far less than 0.5.
     assert loss.item() > 0.4 and 0.0 <= stats["qe-ebm/ref_above_samples"] <= 1.0
@@ -427,7 +427,7 @@ def test_heldout_correlation_is_measured_on_logged_steps_every_n_updates(world, 
 
 def test_heldout_path_auto_is_the_file_beside_the_qe_when_there_is_one(tmp_path):
     from qeebm.config import QEConfig
-    from qeebm.methods.qe_ebm import heldout_path
+    from qeebm.qe.dynamic import heldout_path
 
     q = QEConfig(path=str(tmp_path / "qe" / "kiwi"), heldout_path="auto")
     assert heldout_path(q) == ""
@@ -473,7 +473,7 @@ def recording(self, batches, all_reduce):
     # Every process records its QE after each step's update, to compare across processes.
     out = original(self, batches, all_reduce)
     rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
-    state = {n: p.detach().clone() for n, p in self.qe_params.items()}
+    state = {n: p.detach().clone() for n, p in self.dynamic_qe.params.items()}
     torch.save(state, Path(self.record_dir) / f"qe-step{batches[0].step}-rank{rank}.pt")
     return out
 

@@ -9,9 +9,10 @@ The method (docs/method.md; Yoo & Lee, arXiv 2410.10228), per micro-batch:
    relaxation into CometKiwi (``KiwiEnergy``), E(x, y_k) = -QE(x, y_k); with the labelled batch's
    label-smoothed cross-entropy, L = alpha * CE + beta * mean_k E (``schedule``).
 
-QE-dynamic also trains the QE: once per optimiser step, before its micro-steps (``before_step``), one
-update of the selected QE parts with the translator frozen, on the step's labelled batch: the reference
-against K fresh samples, NCE with the translator as noise distribution or a margin ranking. The QE never
+QE-dynamic also trains the QE (``qeebm.qe.dynamic.DynamicQE``): once per optimiser step, before its
+micro-steps (``before_step``), one update of the selected QE parts with the translator frozen, on the
+step's labelled batch: the reference against K fresh samples, NCE with the translator as noise
+distribution or a margin ranking. The QE never
 gets a gradient from the translator's loss: its parameters require grad only inside that update, and
 they are in no optimiser but the method's own. Each update logs how often the reference beats its
 samples (by the loss's logit and by the QE score), and with ``qe.heldout_path`` the QE's correlation
@@ -31,27 +32,24 @@ so all processes apply the same update and hold the same QE after every step.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
-from qeebm.config import Config, QEConfig, QeEbmConfig
+from qeebm.config import Config, QeEbmConfig
 from qeebm.diagnostics import term_gradient_stats
 from qeebm.errors import QeebmError
 from qeebm.guards import check, hit_rates
 from qeebm.methods.base import Batch, Method, StepOutput
 from qeebm.methods.sampling import mono_sources, sample, sampling_config
 from qeebm.methods.sft import label_smoothed_ce
-from qeebm.qe.heldout import HeldoutProbe, read_judged, ref_above_rate
-from qeebm.qe.trainable import PARTS as QE_PARTS
-from qeebm.qe.trainable import scores as qe_scores
-from qeebm.qe.trainable import trainable_parts
+from qeebm.qe.dynamic import DynamicQE, heldout_path
+from qeebm.qe.dynamic import check_config as check_qe_config
+from qeebm.qe.energy import load_energy
 from qeebm.translator import eval_mode
 
 if TYPE_CHECKING:
@@ -140,35 +138,21 @@ class QeEbm(Method):
         self.energy = load_energy(self.q.path, translator, freeze=not self.dynamic,
                                   gradient_checkpointing=self.q.gradient_checkpointing)
         self.qe = self.energy.qe
-        self.qe_params: dict[str, torch.nn.Parameter] = {}
-        if self.dynamic:
-            q = self.q
-            self.qe_params = trainable_parts(self.qe, q.train_parts, lora_r=q.lora_r, lora_alpha=q.lora_alpha,
-                                             lora_targets=q.lora_target_modules, seed=cfg.seed)
+        # QE-dynamic: the QE's own training (qe/dynamic.py); its parts exist before the move to the device.
+        self.dynamic_qe = DynamicQE(self.qe, self.q, cfg.seed, cfg.logging.every) if self.dynamic else None
         self.energy.to(translator.device)
-        self.qe_optimizer = (torch.optim.AdamW(list(self.qe_params.values()), lr=self.q.lr,
-                                               weight_decay=self.q.weight_decay) if self.dynamic else None)
         # Relative weighting: |grad CE| / |grad E| of the last measurement, and its step.
         self.grad_ratio: float | None = None
         self.ratio_step = 0
-        # QE-dynamic's held-out correlation: measured only on logged steps (the loop writes no other),
-        # and the number of QE updates the last measured QE had.
-        self.log_every = cfg.logging.every
-        heldout = heldout_path(self.q)
-        self.heldout = HeldoutProbe(heldout, self.q.heldout_max_rows) if self.dynamic and heldout else None
-        self.heldout_measured_at: int | None = None
-        if heldout and not self.dynamic:
+        if heldout_path(self.q) and not self.dynamic:
             log.warning("qe.heldout_path is only measured with qe.mode=dynamic (a static QE does not change)")
-        elif self.dynamic and self.q.heldout_path == "auto" and not heldout:
-            log.info("qe.heldout_path=auto: no heldout.tsv beside %s, so no held-out correlation is measured",
-                     self.q.path)
         c = self.c
         if c.weighting == "absolute" and c.alpha is None and c.alpha_coupling * c.beta_max > 1:
             floor = math.ceil(c.beta_ramp_steps / (c.alpha_coupling * c.beta_max)) if c.beta_ramp_steps else 1
             log.warning("qe_ebm: alpha = 1 - %g * beta reaches 0 at step %d and stays there (beta_max %g): "
                         "the CE term is off from then on", c.alpha_coupling, floor, c.beta_max)
         log.info("QE %s (%s): %d trainable parameters%s", self.q.path, self.q.mode,
-                 sum(p.numel() for p in self.qe_params.values()),
+                 sum(p.numel() for p in self.dynamic_qe.params.values()) if self.dynamic else 0,
                  f" ({', '.join(self.q.train_parts)}; updated every {self.q.interval} step(s) after step {self.q.warmup_steps})"
                  if self.dynamic else "")
 
@@ -177,9 +161,7 @@ class QeEbm(Method):
         c, q = cfg.qe_ebm, cfg.qe
         for key, value, low in (("qe_ebm.sampling.num_samples", c.sampling.num_samples, 1),
                                 ("qe_ebm.sampling.max_new_tokens", c.sampling.max_new_tokens, 1),
-                                ("qe_ebm.beta_ramp_steps", c.beta_ramp_steps, 0), ("qe.interval", q.interval, 1),
-                                ("qe.warmup_steps", q.warmup_steps, 0), ("qe.heldout_every", q.heldout_every, 1),
-                                ("qe.heldout_max_rows", q.heldout_max_rows, 0)):
+                                ("qe_ebm.beta_ramp_steps", c.beta_ramp_steps, 0)):
             if value < low:
                 raise QeebmError(f"config key '{key}' must be >= {low}; got {value}")
         if c.tau <= 0:
@@ -192,13 +174,7 @@ class QeEbm(Method):
                 raise QeebmError("qe_ebm.weighting=relative sets the energy's weight relative to the CE term's "
                                  f"gradient, so qe_ebm.alpha must be > 0; got {c.alpha} (for energy only, use "
                                  "weighting=absolute with alpha=0)")
-        unknown = [p for p in q.train_parts if p not in QE_PARTS]
-        if unknown:
-            raise QeebmError(f"config key 'qe.train_parts' has unknown parts {unknown}; choose from {', '.join(QE_PARTS)}")
-        if q.mode == "dynamic" and not q.train_parts:
-            raise QeebmError("qe.mode=dynamic needs at least one of qe.train_parts (head, layerwise, lora)")
-        if q.mode == "dynamic" and heldout_path(q):
-            read_judged(heldout_path(q), q.heldout_max_rows)  # a bad file fails now, not at the first measurement
+        check_qe_config(q)
 
     # ------------------------------------------------------------------------------ NMT phase
     @torch.no_grad()
@@ -280,110 +256,36 @@ class QeEbm(Method):
         return c.rho * ramp(step, c) * alpha * self.grad_ratio
 
     # ------------------------------------------------------------------------------- QE phase
-    def qe_update_due(self, step: int) -> bool:
-        return self.dynamic and step > self.q.warmup_steps and step % self.q.interval == 0
-
-    def qe_updates_through(self, step: int) -> int:
-        """QE updates made in steps 1..``step``: the multiples of ``interval`` after the warm-up."""
-        q = self.q
-        return max(0, step // q.interval - q.warmup_steps // q.interval) if self.dynamic else 0
-
-    def heldout_due(self, step: int) -> bool:
-        if self.heldout is None or step % self.log_every:
-            return False
-        last = self.heldout_measured_at
-        return last is None or self.qe_updates_through(step) - last >= self.q.heldout_every
-
     def before_step(self, batches: list[Batch], all_reduce) -> dict[str, float]:
         """QE-dynamic: one QE update on the step's labelled micro-batches, translator frozen; then,
         when due, the updated QE's correlation with the held-out rows' true quality.
 
-        Gradients of every micro-batch are summed here, then over processes by ``all_reduce``, so the
+        Gradients of every micro-batch are summed, then over processes by ``all_reduce``, so the
         update is the full-batch one and the same on every process."""
-        if not batches:
+        if not batches or not self.dynamic:
             return {}
-        step = batches[0].step
-        metrics = self.qe_update(batches, all_reduce) if self.qe_update_due(step) else {}
-        if self.heldout_due(step):
-            metrics |= self.measure_heldout(step)
-        return metrics
-
-    def measure_heldout(self, step: int) -> dict[str, float]:
-        """Pearson / Spearman of the current QE with the held-out true quality. Every process holds
-        the same QE and measures the same; the loop sums metrics over processes, so each returns its
-        share."""
-        dist = torch.distributed
-        world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-        updates = self.qe_updates_through(step)
-        corr = self.heldout.measure(self.qe)
-        self.heldout_measured_at = updates
-        log.info("QE-dynamic after %d update(s): held-out Pearson %.3f, Spearman %.3f (%d rows of %s)", updates,
-                 corr["pearson"], corr["spearman"], len(self.heldout), self.heldout.path)
-        return {"qe-ebm/heldout_pearson": corr["pearson"] / world, "qe-ebm/heldout_spearman": corr["spearman"] / world,
-                "qe-ebm/heldout_updates": updates / world}
-
-    def qe_update(self, batches: list[Batch], all_reduce) -> dict[str, float]:
-        names = list(self.qe_params)
-        params = [self.qe_params[n] for n in names]
-        grads = [torch.zeros_like(p) for p in params]
-        metrics: dict[str, float] = {}
-        with self._qe_trainable():
-            for batch in batches:
-                loss, stats = self.qe_loss(batch)
-                for acc, g in zip(grads, torch.autograd.grad(loss, params, allow_unused=True)):
-                    if g is not None:
-                        acc.add_(g)
-                for key, value in stats.items():
-                    metrics[key] = metrics.get(key, 0.0) + value
-        flat = all_reduce(torch.cat([g.flatten() for g in grads]))
-        for p, g in zip(params, flat.split([g.numel() for g in grads])):
-            p.grad = g.view_as(p).clone()
-        if self.q.max_grad_norm > 0:
-            torch.nn.utils.clip_grad_norm_(params, self.q.max_grad_norm)
-        self.qe_optimizer.step()
-        self.qe_optimizer.zero_grad(set_to_none=True)
+        step, dqe = batches[0].step, self.dynamic_qe
+        metrics = dqe.update((self.qe_loss(b) for b in batches), all_reduce) if dqe.update_due(step) else {}
+        if dqe.heldout_due(step):
+            metrics |= dqe.measure_heldout(step)
         return metrics
 
     def qe_loss(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
-        """This micro-batch's contribution to the QE loss of the step, and its statistics."""
+        """This micro-batch's contribution to the QE loss of the step: its references against K
+        fresh samples, with the translator's log-probabilities of both as NCE's noise term."""
         if batch.labels is None or batch.tgt is None:
             raise QeebmError("qe.mode=dynamic trains the QE on references; the training corpus has none")
-        tr, k, n = self.translator, self.k, len(batch.src)
+        tr = self.translator
         with torch.no_grad():
-            drawn = sample(tr, batch.src, k, self.gen, decode=False,
+            drawn = sample(tr, batch.src, self.k, self.gen, decode=False,
                            enc={"input_ids": batch.input_ids, "attention_mask": batch.attention_mask})  # N*K rows
             tf = tr.teacher_forcing(drawn.sequences)
-            samples = self.energy.bridge.decode(drawn.tokens, tf["labels"] != -100)  # the texts the QE sees
+            samples = self.energy.texts(drawn.tokens, tf["labels"] != -100)  # the texts the QE sees
             # log pbar: the noise distribution's (translator's) smoothed mean token log-probability.
             logp_ref = self.mean_logprob(batch.input_ids, batch.attention_mask, batch.labels, batch.decoder_input_ids)  # [N]
             logp_smp = self.mean_logprob(drawn.input_ids, drawn.attention_mask, tf["labels"], tf["decoder_input_ids"])  # [N*K]
-        src = list(batch.src) + drawn.src
-        with torch.enable_grad():
-            scores = qe_scores(self.qe, src, list(batch.tgt) + samples, self.translator.device)  # [N + N*K]
-        s_ref, s_smp = scores[:n], scores[n:]
-        if self.q.loss in ("nce", "rank-nce"):
-            # NCE with the translator as noise: logit = QE(x, y) - w * log pbar(y | x).
-            w = self.q.noise_weight
-            ref, smp = s_ref - w * logp_ref, s_smp - w * logp_smp
-            if self.q.loss == "nce":
-                total = F.binary_cross_entropy_with_logits(ref, torch.ones_like(ref), reduction="sum") + \
-                    F.binary_cross_entropy_with_logits(smp, torch.zeros_like(smp), reduction="sum")
-                loss = total / (batch.global_examples * (1 + k))
-            else:
-                # Ranking NCE (Ma & Collins 2018): which of the reference and its K samples is the data?
-                # Consistent for conditional models without a normalised QE, and a shift of every
-                # logit of a source changes nothing, so "everything is noise" is no solution.
-                logits = torch.cat([ref[:, None], smp.view(n, k)], dim=1)  # [N, 1 + K]
-                loss = -F.log_softmax(logits, dim=1)[:, 0].sum() / batch.global_examples
-        else:
-            ref, smp = s_ref, s_smp
-            loss = F.relu(self.q.margin - (ref.repeat_interleave(k) - smp)).sum() / (batch.global_examples * k)
-        # Both a contribution to the step's mean over (reference, sample) pairs: by the loss's logit
-        # (the QE score minus the noise term under NCE) and by the QE score alone, what the
-        # translator's energy sees.
-        share = n / batch.global_examples
-        return loss, {"qe-ebm/qe_loss": loss.item(), "qe-ebm/ref_above_samples": ref_above_rate(ref, smp) * share,
-                      "qe-ebm/ref_score_above_samples": ref_above_rate(s_ref, s_smp) * share}
+        return self.dynamic_qe.loss(list(batch.src), list(batch.tgt), drawn.src, samples, logp_ref, logp_smp,
+                                    self.k, batch.global_examples)
 
     def mean_logprob(self, input_ids, attention_mask, labels, decoder_input_ids) -> torch.Tensor:
         """``[B]`` label-smoothed mean token log-probability of ``labels`` under the translator (eval
@@ -394,69 +296,14 @@ class QeEbm(Method):
                               label_smoothing=self.q.label_smoothing, reduction="none")  # [B, T]
         return -nll.sum(1) / (labels != -100).sum(1).clamp(min=1)
 
-    @contextlib.contextmanager
-    def _qe_trainable(self):
-        # Trainable QE parts require grad only here: the NMT phase's energy then never builds a graph
-        # into the QE, so the translator's backward cannot leave gradients on it.
-        for p in self.qe_params.values():
-            p.requires_grad_(True)
-        try:
-            yield
-        finally:
-            for p in self.qe_params.values():
-                p.requires_grad_(False)
-
     # ------------------------------------------------------------------------------- helpers
     def state_dict(self) -> dict:
         """The last gradient-norm ratio (relative weighting); QE-dynamic: the trainable QE parameters
         and the QE optimiser."""
         state = {"grad_ratio": self.grad_ratio, "ratio_step": self.ratio_step}
-        if not self.dynamic:
-            return state
-        return state | {"qe": {n: p.detach().cpu().clone() for n, p in self.qe_params.items()},
-                        "qe_optimizer": self.qe_optimizer.state_dict(), "heldout_measured_at": self.heldout_measured_at}
+        return (state | self.dynamic_qe.state_dict()) if self.dynamic else state
 
     def load_state_dict(self, state: dict) -> None:
         self.grad_ratio, self.ratio_step = state.get("grad_ratio"), state.get("ratio_step", 0)
-        if not self.dynamic:
-            return
-        saved = state.get("qe", {})
-        if set(saved) != set(self.qe_params):
-            raise QeebmError("the checkpoint's QE state does not match qe.train_parts")
-        with torch.no_grad():
-            for name, p in self.qe_params.items():
-                p.copy_(saved[name])
-        self.qe_optimizer.load_state_dict(state["qe_optimizer"])
-        self.heldout_measured_at = state.get("heldout_measured_at")
-
-
-# ---------------------------------------------------------------------------------- building
-def heldout_path(q: QEConfig) -> str:
-    """The judged rows to measure the dynamic QE on: ``qe.heldout_path``, or under "auto" the
-    ``heldout.tsv`` beside the QE's directory (the tiny world's ``qe/heldout.tsv`` next to
-    ``qe/kiwi``) when there is one, so a recipe follows whichever world ``qe.path`` points at;
-    "" when none."""
-    if q.heldout_path != "auto":
-        return q.heldout_path
-    beside = Path(q.path).expanduser().parent / "heldout.tsv"
-    return str(beside) if beside.is_file() else ""
-
-
-def load_energy(path: str, translator, freeze: bool, gradient_checkpointing: bool = False):
-    """KiwiEnergy over the CometKiwi at ``path`` and a bridge from the translator's vocabulary."""
-    from qeebm.qe.bridge import Bridge
-    from qeebm.qe.energy import KiwiEnergy
-    from qeebm.qe.models import load_qe, qe_kind
-
-    looks_local = path.startswith((".", "/", "~")) or path.count("/") != 1
-    if looks_local and not Path(path).expanduser().exists():
-        raise QeebmError(f"qe.path: no QE model at '{path}' (build the tiny world with `qeebm tinyworld build "
-                         "data/tinyworld`, or point qe.path at a CometKiwi directory or hub id)")
-    # comet builds randomly initialised modules before loading the weights: keep the run's RNG untouched.
-    with torch.random.fork_rng(devices=[]):
-        comet = load_qe(path)
-    if qe_kind(comet) != "kiwi":
-        raise QeebmError(f"qe.path '{path}' is a {qe_kind(comet)} model; QE-EBM needs a reference-free CometKiwi")
-    vocab_size = translator.model.config.vocab_size
-    return KiwiEnergy(comet, Bridge(translator.tokenizer, comet.encoder.tokenizer, vocab_size=vocab_size), freeze=freeze,
-                      gradient_checkpointing=gradient_checkpointing)
+        if self.dynamic:
+            self.dynamic_qe.load_state_dict(state)

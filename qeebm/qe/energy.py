@@ -29,12 +29,15 @@ With a ``qeebm.translator.Translator``::
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from qeebm.errors import QeebmError
 from qeebm.qe.bridge import Alignment, Bridge
+from qeebm.qe.models import load_qe, qe_kind
 from qeebm.qe.packed import packable, packed_scores
 from qeebm.qe.scoring import kiwi_row, pad_rows
 
@@ -143,6 +146,10 @@ class KiwiEnergy(nn.Module):
             alignment = self.align(mt_ids, mt_mask)
         return self._score(src, alignment)
 
+    def texts(self, mt_ids: Tensor, mt_mask: Tensor) -> list[str]:
+        """The texts the QE reads for ``[B, T]`` translator ids and their mask (no alignment built)."""
+        return self.bridge.decode(mt_ids, mt_mask)
+
     def align(self, mt_ids: Tensor, mt_mask: Tensor) -> Alignment:
         """The bridge's alignment of these translations with comet's per-segment truncation (their
         decoded text is ``.texts``)."""
@@ -206,3 +213,20 @@ class KiwiEnergy(nn.Module):
                 raise ValueError(f"invalid sent_layer {layer!r}")
             embeddings = all_layers[layer]
         return self.qe.estimator(embeddings[:, 0, :]).view(-1)
+
+
+def load_energy(path: str, translator, freeze: bool, gradient_checkpointing: bool = False) -> KiwiEnergy:
+    """KiwiEnergy over the CometKiwi at ``path`` (a directory or hub id) and a bridge from
+    ``translator``'s vocabulary; a missing directory or a reference-based model is a one-line error."""
+    looks_local = path.startswith((".", "/", "~")) or path.count("/") != 1
+    if looks_local and not Path(path).expanduser().exists():
+        raise QeebmError(f"qe.path: no QE model at '{path}' (build the tiny world with `qeebm tinyworld build "
+                         "data/tinyworld`, or point qe.path at a CometKiwi directory or hub id)")
+    # comet builds randomly initialised modules before loading the weights: keep the run's RNG untouched.
+    with torch.random.fork_rng(devices=[]):
+        comet = load_qe(path)
+    if qe_kind(comet) != "kiwi":
+        raise QeebmError(f"qe.path '{path}' is a {qe_kind(comet)} model; QE-EBM needs a reference-free CometKiwi")
+    vocab_size = translator.model.config.vocab_size
+    return KiwiEnergy(comet, Bridge(translator.tokenizer, comet.encoder.tokenizer, vocab_size=vocab_size), freeze=freeze,
+                      gradient_checkpointing=gradient_checkpointing)
