@@ -387,6 +387,10 @@ def test_qe_gradient_checkpointing_keeps_the_gradients(kiwi_path, translators, t
     assert (g0 - g1).abs().max() < 1e-6 and g0.abs().max() > 1e-3
     if train_mode:
         assert (h0 - h1).abs().max() < 1e-6 and h0.abs().max() > 0
+        # Dropout really is on, so the equality above is a replay of the same draws, not their absence.
+        torch.manual_seed(6)
+        e2, _ = _energy_and_grad(energy, tr, "st")
+        assert (e2 - e1).abs().max() > 1e-4
 
 
 def test_qe_gradient_checkpointing_needs_the_packed_encoder(kiwi_path, translators):
