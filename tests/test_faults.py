@@ -18,7 +18,7 @@ import torch
 from ddp_parity import assert_identical, finish, launch_two, make_config, read_metrics
 from test_qe_ebm import ENERGY_ONLY, qe_config, world  # noqa: F401 - world: the tiny world with a Kiwi, a fixture
 from qeebm import checkpoint as ckpt
-from qeebm.data import StepSampler
+from qeebm.step_sampler import StepSampler
 from qeebm.errors import QeebmError
 from qeebm.loop import train
 from qeebm.qe.energy import KiwiEnergy

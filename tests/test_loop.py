@@ -163,7 +163,8 @@ def test_unknown_method_names_the_closest(base, tmp_path):
 def test_sft_loss_is_the_per_token_mean_over_the_step(base, tmp_path):
     # Without label smoothing the SFT loss of step 1 is the teacher-forced NLL per target token of
     # that step's 8 pairs, computed here independently of the loop.
-    from qeebm.data import StepSampler, read_corpus
+    from qeebm.data import read_corpus
+    from qeebm.step_sampler import StepSampler
 
     cfg = make_config(base, tmp_path / "run", "optim.max_steps=1", "optim.label_smoothing=0.0", "data.dedup=false",
                       "data.max_tokens=0")
