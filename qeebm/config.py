@@ -474,10 +474,16 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
 
 def _build(cls: type, values: dict, prefix: str = "") -> Any:
     types_ = _field_types(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
     kwargs = {}
     for key, value in values.items():
         if key not in types_:
             raise QeebmError(f"unknown config key '{prefix}{key}'{_closest(key, list(types_), prefix)}")
+        factory = fields[key].default_factory
+        if isinstance(value, dict) and dataclasses.is_dataclass(types_[key]) and factory is not dataclasses.MISSING:
+            # A section's own defaults (REINFORCE's top_p 0.9 in reinforce.sampling) survive setting
+            # one of its keys: the given keys go over the field's default, not the class's.
+            value = _merge(dataclasses.asdict(factory()), value)
         kwargs[key] = _coerce(value, types_[key], f"{prefix}{key}")
     return cls(**kwargs)
 

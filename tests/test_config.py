@@ -100,3 +100,7 @@ def test_each_method_keeps_its_own_sampling_defaults():
     assert (cfg.reinforce.sampling.top_p, cfg.reinforce.sampling.num_samples) == (0.9, 5)
     assert (cfg.ppo.sampling.top_p, cfg.ppo.sampling.num_samples) == (1.0, 1)
     assert (cfg.qe_ebm.sampling.top_p, cfg.qe_ebm.sampling.num_samples) == (1.0, 5)
+    # Setting one key of a section keeps that section's other defaults, not SamplingConfig's.
+    cfg = load_config(None, ["reinforce.sampling.num_samples=3", "ppo.sampling.max_new_tokens=8", "ppo.top_k=0"])
+    assert (cfg.reinforce.sampling.top_p, cfg.reinforce.sampling.num_samples) == (0.9, 3)
+    assert (cfg.ppo.sampling.num_samples, cfg.ppo.sampling.max_new_tokens) == (1, 8)

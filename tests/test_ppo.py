@@ -297,7 +297,7 @@ def test_no_special_token_but_eos_is_ever_sampled(base, tmp_path, family):
             tr.model.lm_head.weight[specials] *= 0
             tr.model.lm_head.weight[specials] += tr.model.lm_head.weight[5] * 3
     torch.manual_seed(0)
-    s = sample(tr, tiny_texts(64, seed=5)[0::2][:16], 8, sampling_config(cfg.ppo))  # 128 rows
+    s = sample(tr, tiny_texts(64, seed=5)[0::2][:16], 8, sampling_config(cfg.ppo.sampling))  # 128 rows
     actions = s.tokens[s.mask]
     assert actions.numel() > 200
     assert not torch.isin(actions, torch.tensor(specials)).any()
