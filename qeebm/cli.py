@@ -264,7 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--runs", help="where the runs go (default runs/demo; with --quick runs/demo-quick)")
     p.add_argument("--quick", action="store_true", help="a smoke-sized run on the micro world")
     p.add_argument("--seeds", type=int, default=1, choices=[1, 2, 3], help="seeds per method (42, 231, 6)")
-    p.add_argument("--steps", type=int, help="optimiser steps per method at most (default 500; --quick: 4)")
+    p.add_argument("--steps", type=int, help="optimiser steps per method at most (default 600; --quick: 4)")
     p.add_argument("--base", choices=["nllb", "mbart"], default="nllb",
                    help="the base translator every method starts from (default nllb: the tiny M2M100)")
     p.add_argument("--systems", help="comma-separated subset of the methods (default: all six)")
