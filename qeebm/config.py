@@ -273,7 +273,8 @@ class QeEbmConfig:
     measured on the first micro-batch of every ``rho_every``-th step (1: every step, the exact ratio
     when there is one micro-batch and one process; averaged over processes) and reused in between.
     rho = 0.1 means "the energy moves the model a tenth as hard as the supervised loss", whatever
-    the QE's score scale; each measurement costs two extra backward passes.
+    the QE's score scale. A measurement costs no extra backward pass: the step's backward reuses the
+    two measured gradients (``diagnostics.with_known_gradient``).
 
     ``guards`` (off by default, as published): samples that trip a reward-hacking guard
     (``guards``, qeebm/guards.py: empty, source copy, length ratio, repetition, script) carry no

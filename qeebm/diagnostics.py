@@ -48,6 +48,37 @@ def term_gradient_stats(terms: dict[str, torch.Tensor], params: list[torch.nn.Pa
     return out
 
 
+def term_gradients(terms: dict[str, torch.Tensor], params: list[torch.nn.Parameter]) -> dict[str, list[torch.Tensor]]:
+    """Each term's gradient over ``params`` (zeros where a term does not reach a parameter), graphs kept."""
+    return {name: _gradient(term, params) for name, term in terms.items()}
+
+
+def grad_norm(grads: list[torch.Tensor]) -> float:
+    """The Euclidean norm of a gradient given as one tensor per parameter, summed in float64."""
+    return _norm(grads)
+
+
+class _KnownGradient(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, value, grads, *params):
+        ctx.grads = grads
+        return value.clone()
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        return (None, None, *(g * grad_output for g in ctx.grads))
+
+
+def with_known_gradient(value: torch.Tensor, params: list[torch.nn.Parameter], grads: list[torch.Tensor]) -> torch.Tensor:
+    """A scalar loss equal to ``value`` whose gradient in ``params`` is ``grads`` (times whatever
+    backward seeds it with: accelerate's loss scale, the loop's process count).
+
+    When a step has already computed its terms' gradients (relative weighting measures them to set
+    the energy's weight), its backward hands them over instead of traversing the graph a second
+    time: through a CometKiwi-sized QE that second pass was a third of a QE-EBM step."""
+    return _KnownGradient.apply(value.detach(), list(grads), *params)
+
+
 def _gradient(term: torch.Tensor, params: list[torch.nn.Parameter]) -> list[torch.Tensor]:
     if not term.requires_grad:
         return [torch.zeros_like(p) for p in params]

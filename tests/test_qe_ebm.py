@@ -17,6 +17,7 @@ from accelerate.utils import set_seed
 
 from ddp_parity import assert_identical, final_weights, make_config, read_metrics, write_tiny_world
 from helpers import tiny_texts, tiny_translator_dir, tokenizer_dir
+import qeebm.qe.bridge
 from qeebm import checkpoint as ckpt
 from qeebm.config import QeEbmConfig
 from qeebm.data import write_lines
@@ -260,6 +261,37 @@ def test_relative_weighting_hits_rho_and_is_scale_free(world, tmp_path):
     assert doubled.values["qe-ebm/beta"] == pytest.approx(out.values["qe-ebm/beta"] / 2, rel=1e-6)
     for a, b in zip(update, torch.autograd.grad(doubled.loss, params)):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-8)
+
+
+def test_relative_weighting_backward_reuses_the_measured_gradients(world, tmp_path, monkeypatch):
+    """The loss of a measuring step carries alpha * grad CE + beta * grad E (already computed for
+    beta), so its backward does not traverse the QE again; value and gradient equal those of the
+    plain weighted sum, and accelerate-style scaling of the loss scales the gradient."""
+    cfg = qe_config(world, tmp_path / "run", "qe_ebm.weighting=relative", "qe_ebm.rho=0.3", "qe_ebm.beta_ramp_steps=0")
+    tr, method, batch = build(cfg)
+    params = [p for p in tr.model.parameters() if p.requires_grad]
+    with torch.no_grad():
+        rollout = method.rollout(batch)
+    out = method.loss(rollout)
+    assert method.ratio_step == 1  # this call measured
+    plain = sum(out.terms.values())
+    assert out.loss.item() == plain.item()
+    passes = []  # backward passes through the straight-through bridge into the QE
+    zero_forward = qeebm.qe.bridge._ZeroForwardProduct
+    original = zero_forward.backward
+    monkeypatch.setattr(zero_forward, "backward", staticmethod(lambda ctx, g: passes.append(1) or original(ctx, g)))
+    want = torch.autograd.grad(plain, params, retain_graph=True)
+    assert passes, "the plain sum backpropagates through the QE"
+    passes.clear()
+    got = torch.autograd.grad(3.0 * out.loss, params)
+    assert not passes, "the step's loss went through the QE a second time"
+    scale = max(float(w.abs().max()) for w in want)
+    for g, w in zip(got, want):  # float rounding of sums taken in another order: 1e-6 of the largest entry
+        torch.testing.assert_close(g, 3.0 * w, rtol=1e-5, atol=3e-6 * scale)
+    # A step that reuses the last measurement backpropagates through the graph as before.
+    rollout.batch.step = 1
+    again = method.loss(rollout)
+    assert again.loss.grad_fn is not None and type(again.loss.grad_fn).__name__ == "AddBackward0"
 
 
 def test_relative_weighting_reuses_its_measurement_between_due_steps(world, tmp_path):

@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from qeebm.config import Config, QeEbmConfig
-from qeebm.diagnostics import term_gradient_stats
+from qeebm.diagnostics import grad_norm, term_gradients, with_known_gradient
 from qeebm.errors import QeebmError
 from qeebm.guards import check, hit_rates
 from qeebm.methods.base import Batch, Method, StepOutput
@@ -221,39 +221,53 @@ class QeEbm(Method):
         alpha, beta = r.alpha, r.beta
         terms = {}
         metrics = {"qe-ebm/energy": e.item(), **r.stats}
+        measured = None
         if alpha > 0:
             # The CE term exactly as method 'sft' computes it, so beta = 0 is SFT bit for bit.
             ce, _ = label_smoothed_ce(self.model, b, self.label_smoothing, upcast=_upcast)
             metrics["qe-ebm/ce"] = ce.item()
             if self.c.weighting == "relative":
-                beta = self.relative_beta(b.step, alpha, ce, e)
+                beta, measured = self.relative_beta(b.step, alpha, ce, e)
             terms["ce"] = alpha * ce
         terms["energy"] = beta * e
+        loss = sum(terms.values())
+        if measured is not None:
+            # Both terms' gradients are in hand: the step's backward takes their weighted sum, not a
+            # second pass through the QE and the translator.
+            params, g_ce, g_e = measured
+            for a, g in zip(g_ce, g_e):
+                a.mul_(alpha).add_(g, alpha=beta)
+            loss = with_known_gradient(loss, params, g_ce)
         # The samples' exact QE scores: their mean, and their spread within a source (the signal a
         # gradient or a leave-one-out baseline can use), a mean over the step's sources.
         scores = (-energy.detach() if r.scores is None else r.scores).double().view(-1, self.k)  # [M, K]
         metrics["qe-ebm/sample_score"] = scores.sum().item() / r.normaliser
         if self.k > 1:
             metrics["qe-ebm/score_spread"] = scores.std(dim=1).sum().item() * self.k / r.normaliser
-        return StepOutput(loss=sum(terms.values()), metrics=metrics, terms=terms,
+        return StepOutput(loss=loss, metrics=metrics, terms=terms,
                           values={"qe-ebm/alpha": alpha, "qe-ebm/beta": beta})
 
-    def relative_beta(self, step: int, alpha: float, ce: torch.Tensor, e: torch.Tensor) -> float:
+    def relative_beta(self, step: int, alpha: float, ce: torch.Tensor, e: torch.Tensor):
         """beta = rho * ramp * alpha * |grad CE| / |grad E| (``weighting: relative``), the norms
-        measured on this micro-batch when a measurement is due, else the last measurement's."""
+        measured on this micro-batch when a measurement is due, else the last measurement's.
+
+        Returns beta and, when it measured, ``(params, grad CE, grad E)`` (graphs kept, ``.grad``
+        untouched), else None."""
         c = self.c
         due = self.grad_ratio is None or (step != self.ratio_step and (step - 1) % c.rho_every == 0)
+        measured = None
         if due:
             params = [p for p in self.model.parameters() if p.requires_grad]
-            stats = term_gradient_stats({"ce": ce, "energy": e}, params)
-            norms = torch.tensor([stats["grad_ce"], stats["grad_energy"]], dtype=torch.float64)
+            grads = term_gradients({"ce": ce, "energy": e}, params)
+            measured = (params, grads["ce"], grads["energy"])
+            norms = torch.tensor([grad_norm(grads["ce"]), grad_norm(grads["energy"])], dtype=torch.float64)
             if torch.distributed.is_available() and torch.distributed.is_initialized():
                 # Every process must use the same beta (and save the same state).
                 torch.distributed.all_reduce(norms)
             ce_norm, e_norm = norms.tolist()
             self.grad_ratio = ce_norm / e_norm if e_norm > 0 else 0.0
             self.ratio_step = step
-        return c.rho * ramp(step, c) * alpha * self.grad_ratio
+        return c.rho * ramp(step, c) * alpha * self.grad_ratio, measured
 
     # ------------------------------------------------------------------------------- QE phase
     def before_step(self, batches: list[Batch], all_reduce) -> dict[str, float]:
