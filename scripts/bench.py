@@ -31,6 +31,7 @@ whenever the other core is busy (tiny-model numbers drop 10-20x), one thread doe
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import tempfile
@@ -270,6 +271,7 @@ def bench_step(args) -> None:
     import multiprocessing
     import shutil
     from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
 
     from qeebm.demo import tiny_recipe
     from qeebm.tinyworld.build import build, is_built
@@ -300,16 +302,31 @@ def bench_step(args) -> None:
                          + (", checkpointing" if ckpt else ""))
                 cases.append((label, tiny_recipe(name), step_overrides(name, world, tmp / f"real-{name}-{lora}-{ckpt}",
                                                                        args, translator, kiwi, lora, ckpt), True))
-    rows = []
+    rows, failed = [], []
     ctx = multiprocessing.get_context("spawn")
     try:
         for label, recipe, overrides, suppress in cases:
             with ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:  # a fresh process: its own peak memory
-                rows.append((label, pool.submit(step_worker, recipe, overrides, args.threads, suppress).result()))
-            shutil.rmtree(tmp, ignore_errors=True)
+                try:
+                    rows.append((label, pool.submit(step_worker, recipe, overrides, args.threads, suppress).result()))
+                except BrokenProcessPool:  # the kernel's OOM killer, as a rule: report it and go on
+                    print(f"  {label}: the worker died (killed; on Linux `dmesg` says whether it ran out of memory)",
+                          flush=True)
+                    failed.append(label)
+                    continue
+                finally:
+                    shutil.rmtree(tmp, ignore_errors=True)
             print(f"  {label}: {rows[-1][1]['total']:.2f} s/step", flush=True)
+            if args.json:  # each case as it ends: a long real-shape run keeps what it measured if it is stopped
+                with open(args.json, "a") as f:
+                    f.write(json.dumps({"label": label, "matmul_flops_per_s": rate, **rows[-1][1]}) + "\n")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    print_step_table(rows, rate, failed)
+
+
+def print_step_table(rows: list[tuple[str, dict]], rate: float, failed: list[str] = ()) -> None:
+    """The decomposition table and the step-without-generation ratios, from each case's summary."""
     from qeebm.benchmark import PHASES
 
     print("\nseconds per step by phase (in brackets: time / FLOP floor at the measured matmul rate)\n")
@@ -328,9 +345,22 @@ def bench_step(args) -> None:
         floor = sum(r["flops"][p] for p in PHASES if p != "sampling") / rate
         if floor > 0:
             print(f"{label}: step without generation {rest:.2f} s = {rest / floor:.1f}x its FLOP floor ({floor:.2f} s)")
+    for label in failed:
+        print(f"{label}: no measurement, the worker died")
 
 
-BENCHMARKS = {"scoring": bench_scoring, "step": bench_step}
+def bench_table(args) -> None:
+    """``--what table --json FILE``: the step table again from the cases a ``--json`` run saved."""
+    if not args.json:
+        raise SystemExit("error: --what table needs --json FILE (written by --what step --json FILE)")
+    records = [json.loads(line) for line in Path(args.json).read_text(encoding="utf-8").splitlines() if line.strip()]
+    rates = {r["matmul_flops_per_s"] for r in records}
+    print(f"{len(records)} case(s) from {args.json}; fp32 matmul {', '.join(f'{x / 1e9:.0f}' for x in sorted(rates))} GFLOP/s")
+    for rate in sorted(rates):  # each run's ratios against the rate that run measured
+        print_step_table([(r["label"], r) for r in records if r["matmul_flops_per_s"] == rate], rate)
+
+
+BENCHMARKS = {"scoring": bench_scoring, "step": bench_step, "table": bench_table}
 
 
 def main(argv=None) -> None:
@@ -355,6 +385,7 @@ def main(argv=None) -> None:
     step.add_argument("--step-batch", type=int, default=4, help="real size: labelled pairs and sources per step")
     step.add_argument("--samples", type=int, default=5, help="real size: samples per source")
     step.add_argument("--new-tokens", type=int, default=24, help="real size: sampled tokens at most")
+    step.add_argument("--json", help="append each case's summary to this JSON-lines file as it ends")
     args = parser.parse_args(argv)
     if args.what == "step":
         args.threads = args.threads or 1
