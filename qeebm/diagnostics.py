@@ -30,7 +30,7 @@ def term_gradient_stats(terms: dict[str, torch.Tensor], params: list[torch.nn.Pa
     if not terms or not params:
         return {}
     ref_grad = _gradient(terms[reference], params) if reference in terms else None
-    ref_norm = _norm(ref_grad) if ref_grad is not None else None
+    ref_norm = grad_norm(ref_grad) if ref_grad is not None else None
     out: dict[str, float] = {}
     if ref_norm is not None:
         out[f"grad_{reference}"] = ref_norm
@@ -38,7 +38,7 @@ def term_gradient_stats(terms: dict[str, torch.Tensor], params: list[torch.nn.Pa
         if name == reference:
             continue
         grad = _gradient(term, params)
-        norm = _norm(grad)
+        norm = grad_norm(grad)
         out[f"grad_{name}"] = norm
         if ref_grad is not None:
             dot = sum(float(torch.sum(a.double() * b.double())) for a, b in zip(grad, ref_grad))
@@ -51,11 +51,6 @@ def term_gradient_stats(terms: dict[str, torch.Tensor], params: list[torch.nn.Pa
 def term_gradients(terms: dict[str, torch.Tensor], params: list[torch.nn.Parameter]) -> dict[str, list[torch.Tensor]]:
     """Each term's gradient over ``params`` (zeros where a term does not reach a parameter), graphs kept."""
     return {name: _gradient(term, params) for name, term in terms.items()}
-
-
-def grad_norm(grads: list[torch.Tensor]) -> float:
-    """The Euclidean norm of a gradient given as one tensor per parameter, summed in float64."""
-    return _norm(grads)
 
 
 class _KnownGradient(torch.autograd.Function):
@@ -86,5 +81,6 @@ def _gradient(term: torch.Tensor, params: list[torch.nn.Parameter]) -> list[torc
     return [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]
 
 
-def _norm(grads: list[torch.Tensor]) -> float:
+def grad_norm(grads: list[torch.Tensor]) -> float:
+    """The Euclidean norm of a gradient given as one tensor per parameter, summed in float64."""
     return math.sqrt(sum(float(torch.sum(g.double() * g.double())) for g in grads))
