@@ -309,6 +309,11 @@ def test_gradient_checkpointing_keeps_the_gradients(family, lora):
         loss.backward()
         recomputed.append(len(calls))  # a checkpointed layer runs again in the backward pass
         grads.append({n: p.grad.clone() for n, p in tr.model.named_parameters() if p.requires_grad})
+        torch.manual_seed(1)
+        with torch.no_grad():
+            other_draw = tr.model(**tr.encode(SRC[:2], TGT)).loss
+        # Dropout really is on, so the equality below is a replay of the same draws, not their absence.
+        assert (other_draw - loss.detach()).abs() > 1e-4
     assert recomputed == [1, 2]
     plain, checkpointed = grads
     assert plain.keys() == checkpointed.keys() and len(plain) > 0
