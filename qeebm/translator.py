@@ -145,16 +145,30 @@ class _Nucleus:
     first, every token whose higher-ranked tokens hold less than ``p``), found among the ``CAP`` most
     probable entries with one top-k instead of sorting the whole vocabulary at every step: that sort
     was the largest part of a REINFORCE rollout at a 3,000-piece vocabulary, and grows with 256k. A
-    row whose ``CAP`` best entries hold less than ``p`` is sorted in full."""
+    row whose ``CAP`` best entries hold less than ``p`` is sorted in full.
+
+    Rows that have emitted ``eos_id`` (after the decoder's start token) are left unfiltered: generate
+    replaces their next token by ``<pad>`` whatever is drawn, and torch's multinomial draws one
+    exponential per vocabulary entry whatever the probabilities, so no other row's sample changes.
+    Late in a rollout most rows are finished and flat, and they were most of the full sorts."""
 
     CAP = 256
 
-    def __init__(self, p: float):
+    def __init__(self, p: float, eos_id: int | None = None):
         self.p = p
+        self.eos_id = eos_id
 
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        from transformers import TopPLogitsWarper
+    def __call__(self, input_ids: torch.Tensor | None, scores: torch.Tensor) -> torch.Tensor:
+        if input_ids is None or self.eos_id is None or input_ids.shape[1] < 2:
+            return self._filter(scores)
+        live = (input_ids[:, 1:] != self.eos_id).all(-1)
+        if bool(live.all()):
+            return self._filter(scores)
+        out = scores.clone()
+        out[live] = self._filter(scores[live])
+        return out
 
+    def _filter(self, scores: torch.Tensor) -> torch.Tensor:
         top, idx = scores.topk(min(self.CAP, scores.shape[-1]), dim=-1)  # [B, k], most probable first
         probs = (top - scores.logsumexp(-1, keepdim=True)).exp()
         keep = probs.cumsum(-1) - probs < self.p
@@ -162,8 +176,25 @@ class _Nucleus:
         out = torch.full_like(scores, float("-inf")).scatter(-1, idx, top.masked_fill(~keep, float("-inf")))
         short = probs.sum(-1) < self.p
         if short.any():
-            out[short] = TopPLogitsWarper(self.p)(None, scores[short])  # it reads the scores only
+            out[short] = _top_p_sorted(scores[short], self.p)
         return out
+
+
+def _top_p_sorted(scores: torch.Tensor, p: float) -> torch.Tensor:
+    """``TopPLogitsWarper(p)`` (min_tokens_to_keep 1) by the same arithmetic on the same ascending
+    order, sorted by numpy on CPU: its argsort of a 3,000-entry row is about 3.5x faster than
+    torch.sort's here. Tied scores may be ordered differently, which changes nothing but which of
+    two equal tokens is cut at the boundary."""
+    if scores.device.type == "cpu" and scores.dtype in (torch.float32, torch.float64):
+        import numpy as np
+
+        order = torch.from_numpy(np.argsort(scores.numpy(), axis=-1))
+    else:
+        order = scores.argsort(dim=-1)
+    cumulative = scores.gather(-1, order).softmax(dim=-1).cumsum(dim=-1)
+    remove = cumulative <= 1 - p
+    remove[:, -1] = False
+    return scores.masked_fill(remove.scatter(-1, order, remove), float("-inf"))
 
 
 @dataclass
@@ -360,7 +391,7 @@ class Translator:
             top_p = gen.top_p
             # transformers filters epsilon after top-p: keep its own top-p then, to keep the order.
             if top_p < 1.0 and not gen.epsilon:
-                processors.append(_Nucleus(top_p))
+                processors.append(_Nucleus(top_p, self.tokenizer.eos_token_id))
                 top_p = 1.0
             kwargs.update(temperature=gen.temperature, top_k=gen.top_k, top_p=top_p, epsilon_cutoff=gen.epsilon,
                           logits_processor=LogitsProcessorList(processors))

@@ -288,6 +288,30 @@ def test_nucleus_keeps_what_transformers_top_p_keeps():
     assert torch.isfinite(_Nucleus(0.9)(None, scores)[6:]).sum() > 2 * 256  # the flat rows took the full sort
 
 
+def test_nucleus_leaves_finished_rows_and_no_other_sample_changes():
+    """A row that has emitted </s> is left unfiltered (generate pads it whatever is drawn); the
+    other rows are filtered exactly, and torch's multinomial draws for a row do not depend on the
+    other rows' probabilities, so skipping changes no live row's sample."""
+    from qeebm.translator import _Nucleus
+
+    torch.manual_seed(0)
+    eos = 2
+    scores = torch.cat([torch.randn(6, 3000) * 4, torch.randn(2, 3000) * 0.01])
+    input_ids = torch.tensor([[eos, 7, 9]] * 8)
+    input_ids[[1, 6], 2] = eos  # rows 1 and 6 have finished
+    nucleus = _Nucleus(0.9, eos_id=eos)
+    out = nucleus(input_ids, scores)
+    live = torch.tensor([True, False, True, True, True, True, False, True])
+    assert torch.equal(out[~live], scores[~live])
+    assert torch.equal(out[live], _Nucleus(0.9)(None, scores)[live])
+    draws = []
+    for filtered in (out, _Nucleus(0.9)(None, scores)):
+        torch.manual_seed(1)
+        draws.append(torch.multinomial(filtered.softmax(-1), 1).squeeze(1))
+    assert torch.equal(draws[0][live], draws[1][live])
+    assert not torch.equal(out, _Nucleus(0.9)(None, scores))  # the finished rows really were skipped
+
+
 @pytest.mark.parametrize("lora", [False, True])
 @pytest.mark.parametrize("family", FAMILIES)
 def test_gradient_checkpointing_keeps_the_gradients(family, lora):
