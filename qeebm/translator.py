@@ -159,10 +159,8 @@ class _Nucleus:
         self.eos_id = eos_id
 
     def __call__(self, input_ids: torch.Tensor | None, scores: torch.Tensor) -> torch.Tensor:
-        if input_ids is None or self.eos_id is None or input_ids.shape[1] < 2:
-            return self._filter(scores)
-        live = (input_ids[:, 1:] != self.eos_id).all(-1)
-        if bool(live.all()):
+        live = None if input_ids is None or self.eos_id is None else (input_ids[:, 1:] != self.eos_id).all(-1)
+        if live is None or bool(live.all()):
             return self._filter(scores)
         out = scores.clone()
         out[live] = self._filter(scores[live])
