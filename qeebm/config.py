@@ -140,6 +140,8 @@ class GenerationConfig:
     # Epsilon sampling (Hewitt et al. 2022): tokens below this probability are never drawn; 0 = off.
     epsilon: float = 0.0
     batch_size: int = 32
+    # How a sampled token is drawn (SAMPLERS): the same distribution either way, other draws.
+    sampler: str = "inverse-cdf"
 
 
 @dataclass
@@ -147,13 +149,15 @@ class SamplingConfig:
     """How a method that learns from its own translations draws them: ``num_samples`` (K) per
     source-only sentence, at most ``max_new_tokens``, at ``temperature`` with top-k / nucleus
     truncation (0 and 1.0: ancestral sampling). One section, ``<method>.sampling``, in QE-EBM,
-    REINFORCE and PPO; each method documents what it does with truncation."""
+    REINFORCE and PPO; each method documents what it does with truncation. ``sampler``: how each
+    token is drawn, as ``GenerationConfig.sampler``."""
 
     num_samples: int = 5
     max_new_tokens: int = 50
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
+    sampler: str = "inverse-cdf"
 
 
 @dataclass
@@ -515,6 +519,13 @@ def parse_override(item: str) -> dict:
 
 
 CORPUS_FORMATS = ("auto", "tsv", "jsonl", "text", "hf")
+# The methods with a ``<method>.sampling`` section (SamplingConfig).
+SAMPLING_SECTIONS = ("qe_ebm", "reinforce", "ppo")
+# "inverse-cdf": one uniform per row and a search of the cumulative probabilities (the default);
+# "multinomial": transformers' own sampling, torch.multinomial, which draws one exponential per
+# vocabulary entry and row at every step (the toolkit's sampler before stop 27: it reproduces runs
+# made then exactly, and it was half of a tiny-world rollout).
+SAMPLERS = ("inverse-cdf", "multinomial")
 # String fields with a fixed set of values; checked after the types so the message can list them.
 CHOICES = {
     "data.on_error": ("fail", "skip"),
@@ -530,6 +541,8 @@ CHOICES = {
     "ppo.critic": ("detached", "shared"),
     "qe_finetune.candidates": ("beam", "sample"),
     "qe_finetune.selection": ("rerank", "mbr"),
+    "generation.sampler": SAMPLERS,
+    **{f"{section}.sampling.sampler": SAMPLERS for section in SAMPLING_SECTIONS},
     **{f"data.{split}.format": CORPUS_FORMATS for split in SPLIT_FILES},
 }
 
@@ -544,7 +557,6 @@ def _check_choices(cfg: Config) -> None:
 
 
 # The sampling keys lived flat in each method's section before ``<method>.sampling`` gathered them.
-SAMPLING_SECTIONS = ("qe_ebm", "reinforce", "ppo")
 _SAMPLING_KEYS = tuple(f.name for f in dataclasses.fields(SamplingConfig))
 
 

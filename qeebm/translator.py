@@ -128,8 +128,9 @@ class _SuppressAfterCode:
     """A logits processor that removes ``ids`` from every step after the forced target code.
     transformers' own ``suppress_tokens`` acts at every step, and after the forced-BOS processor, so
     it would also remove the code at the step where it is the only allowed token. Passed as a custom
-    processor it runs last, after temperature: for plain and temperature sampling the result is
-    ``rl.policy_logits``'s distribution exactly."""
+    processor it runs after transformers' own processors and before any temperature, which leaves a
+    removed token removed: for plain and temperature sampling the result is ``rl.policy_logits``'s
+    distribution exactly."""
 
     def __init__(self, ids: list[int]):
         self.ids = torch.tensor(ids, dtype=torch.long)
@@ -148,9 +149,9 @@ class _Nucleus:
     row whose ``CAP`` best entries hold less than ``p`` is sorted in full.
 
     Rows that have emitted ``eos_id`` (after the decoder's start token) are left unfiltered: generate
-    replaces their next token by ``<pad>`` whatever is drawn, and torch's multinomial draws one
-    exponential per vocabulary entry whatever the probabilities, so no other row's sample changes.
-    Late in a rollout most rows are finished and flat, and they were most of the full sorts."""
+    replaces their next token by ``<pad>`` whatever is drawn, and ``_Draw`` takes one uniform per row
+    whatever the probabilities, so no other row's sample changes. Late in a rollout most rows are
+    finished and flat, and they were most of the full sorts."""
 
     CAP = 256
 
@@ -176,6 +177,24 @@ class _Nucleus:
         if short.any():
             out[short] = _top_p_sorted(scores[short], self.p)
         return out
+
+
+class _Draw:
+    """The last sampling processor: draws each row's next token from the softmax of the processed
+    scores by inverse transform sampling (one uniform in [0, 1) per row from torch's generator, and a
+    binary search of the cumulative probabilities, summed in float64) and leaves only that token
+    finite, so greedy search emits it. The distribution is the one transformers' sampling draws from;
+    the draws differ: torch.multinomial draws one exponential per vocabulary entry and row (the
+    Gumbel-max trick), which on a CPU was half of a tiny-world rollout and grows with a 256k
+    vocabulary. A token of probability zero is never drawn: its cumulative sum equals its
+    predecessor's, and the search returns the first entry above the uniform. generate's
+    ``output_scores`` are then these one-token rows; sampler "multinomial" keeps the distribution."""
+
+    def __call__(self, input_ids: torch.Tensor | None, scores: torch.Tensor) -> torch.Tensor:
+        cdf = scores.softmax(-1).double().cumsum(-1)  # [B, V]
+        u = torch.rand(scores.shape[0], 1, dtype=torch.float64, device=scores.device) * cdf[:, -1:]
+        token = torch.searchsorted(cdf, u, right=True).clamp_(max=scores.shape[-1] - 1)
+        return torch.full_like(scores, float("-inf")).scatter_(-1, token, 0.0)
 
 
 def _top_p_sorted(scores: torch.Tensor, p: float) -> torch.Tensor:
@@ -383,16 +402,27 @@ class Translator:
         if gen.do_sample:
             from transformers import LogitsProcessorList
 
-            # Passed even at their neutral values: a checkpoint's own defaults (top_k=50 in transformers)
-            # would otherwise apply, and top_k=0 here means plain ancestral sampling.
             processors = [_SuppressAfterCode(self.suppressed_ids)]
-            top_p = gen.top_p
-            # transformers filters epsilon after top-p: keep its own top-p then, to keep the order.
-            if top_p < 1.0 and not gen.epsilon:
-                processors.append(_Nucleus(top_p, self.tokenizer.eos_token_id))
-                top_p = 1.0
-            kwargs.update(temperature=gen.temperature, top_k=gen.top_k, top_p=top_p, epsilon_cutoff=gen.epsilon,
-                          logits_processor=LogitsProcessorList(processors))
+            if gen.sampler == "inverse-cdf" and gen.num_beams == 1:
+                # transformers' warpers in its own order (temperature, top-k, top-p, epsilon), then the
+                # draw; greedy search emits the one token left.
+                from transformers import EpsilonLogitsWarper, TemperatureLogitsWarper, TopKLogitsWarper
+
+                if gen.temperature != 1.0:
+                    processors.append(TemperatureLogitsWarper(gen.temperature))
+                if gen.top_k:
+                    processors.append(TopKLogitsWarper(gen.top_k))
+                if gen.top_p < 1.0:
+                    processors.append(_Nucleus(gen.top_p, self.tokenizer.eos_token_id))
+                if gen.epsilon:
+                    processors.append(EpsilonLogitsWarper(gen.epsilon))
+                kwargs.update(do_sample=False, logits_processor=LogitsProcessorList([*processors, _Draw()]))
+            else:
+                # transformers' sampling as it is ("multinomial", or beam sampling). Passed even at their
+                # neutral values: a checkpoint's own defaults (top_k=50 in transformers) would otherwise
+                # apply, and top_k=0 here means plain ancestral sampling.
+                kwargs.update(temperature=gen.temperature, top_k=gen.top_k, top_p=gen.top_p,
+                              epsilon_cutoff=gen.epsilon, logits_processor=LogitsProcessorList(processors))
         return kwargs
 
     @torch.no_grad()
@@ -411,11 +441,19 @@ class Translator:
         ``teacher_forcing`` to re-score these rows. ``gen.batch_size`` is ignored here; ``overrides``
         go to ``model.generate`` last. The model runs in eval mode and its mode is restored."""
         kwargs = self.generation_kwargs(gen, num_return_sequences) | overrides
-        device = self.device
+        input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
         with eval_mode(self.model):
-            return self.model.generate(
-                input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), **kwargs
-            )
+            n = kwargs["num_return_sequences"]
+            if n > 1 and any(isinstance(p, _Draw) for p in kwargs.get("logits_processor", ())):
+                # Greedy search returns one row per input: encode each source once and repeat its
+                # rows, as transformers' sampling does itself.
+                from transformers.modeling_outputs import BaseModelOutput
+
+                encoded = self.model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask, return_dict=True)
+                kwargs.update(num_return_sequences=1, encoder_outputs=BaseModelOutput(
+                    last_hidden_state=encoded.last_hidden_state.repeat_interleave(n, 0)))
+                input_ids, attention_mask = input_ids.repeat_interleave(n, 0), attention_mask.repeat_interleave(n, 0)
+            return self.model.generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
 
     @torch.no_grad()
     def generate(self, src: list[str], gen: GenerationConfig, num_return_sequences: int = 1) -> list[str]:

@@ -44,6 +44,7 @@ def test_int_widens_to_float_but_not_the_reverse():
         ("optim.betas=[0.9]", "config key 'optim.betas' must be a list of 2 values"),
         ("optim.scheduler=cos", "config key 'optim.scheduler' must be one of linear, cosine, constant"),
         ("data.train.format=csv", "config key 'data.train.format' must be one of"),
+        ("reinforce.sampling.sampler=gumbel", "config key 'reinforce.sampling.sampler' must be one of inverse-cdf, multinomial"),
         ("optim", "override 'optim' must look like key=value"),
     ],
 )

@@ -5,6 +5,7 @@ value head included) moves, and a resumed run matches an uninterrupted one."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -259,7 +260,10 @@ def test_old_logprobs_are_the_sampling_distributions(base, tmp_path, toy_reward)
     sources = mono_batch(4).mono
     enc = tr.encode(sources)
     torch.manual_seed(3)
-    out = tr.model.generate(**enc, **tr.generation_kwargs(method.gen), eos_token_id=2, pad_token_id=1,
+    # transformers' own sampling, whose scores are the processed distribution (the default sampler's
+    # are its one-hot draws); both samplers draw from that distribution.
+    gen = dataclasses.replace(method.gen, sampler="multinomial")
+    out = tr.model.generate(**enc, **tr.generation_kwargs(gen), eos_token_id=2, pad_token_id=1,
                             output_scores=True, return_dict_in_generate=True)
     tokens = out.sequences[:, 1:]
     mask = rl.eos_mask(tokens, 2, 1, n_forced=1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -145,16 +146,21 @@ def test_generate_matches_pipeline(family):
     # distributions makes the id-for-id comparison meaningful.
     # Sampling also suppresses special tokens other than </s> (Translator.suppressed_ids): the pipeline
     # gets the same processor.
-    sample = GenerationConfig(do_sample=True, num_beams=1, max_new_tokens=12, top_k=0, top_p=1.0, batch_size=1)
-    suppress = tr.generation_kwargs(sample)["logits_processor"]
-    for text in SRC:
-        torch.manual_seed(7)
-        ours = tr.generate([text], sample)
-        torch.manual_seed(7)
-        out = pipe(text, do_sample=True, num_beams=1, max_new_tokens=12, top_k=0, top_p=1.0, temperature=1.0,
-                   logits_processor=suppress)
-        assert ours == [out[0]["translation_text"]]
-        assert len(set(ours[0].split())) > 1
+    # The default sampler is greedy search over processors that draw the token (_Draw); "multinomial"
+    # is transformers' sampling with the suppression alone.
+    for sampler, do_sample in (("inverse-cdf", False), ("multinomial", True)):
+        sample = GenerationConfig(do_sample=True, num_beams=1, max_new_tokens=12, top_k=0, top_p=1.0, batch_size=1,
+                                  sampler=sampler)
+        kwargs = tr.generation_kwargs(sample)
+        assert kwargs["do_sample"] is do_sample
+        for text in SRC:
+            torch.manual_seed(7)
+            ours = tr.generate([text], sample)
+            torch.manual_seed(7)
+            out = pipe(text, do_sample=do_sample, num_beams=1, max_new_tokens=12, top_k=0, top_p=1.0, temperature=1.0,
+                       logits_processor=kwargs["logits_processor"])
+            assert ours == [out[0]["translation_text"]], sampler
+            assert len(set(ours[0].split())) > 1
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -290,9 +296,9 @@ def test_nucleus_keeps_what_transformers_top_p_keeps():
 
 def test_nucleus_leaves_finished_rows_and_no_other_sample_changes():
     """A row that has emitted </s> is left unfiltered (generate pads it whatever is drawn); the
-    other rows are filtered exactly, and torch's multinomial draws for a row do not depend on the
-    other rows' probabilities, so skipping changes no live row's sample."""
-    from qeebm.translator import _Nucleus
+    other rows are filtered exactly, and a row's draw does not depend on the other rows'
+    probabilities, so skipping changes no live row's sample."""
+    from qeebm.translator import _Draw, _Nucleus
 
     torch.manual_seed(0)
     eos = 2
@@ -307,9 +313,53 @@ def test_nucleus_leaves_finished_rows_and_no_other_sample_changes():
     draws = []
     for filtered in (out, every_row):
         torch.manual_seed(1)
-        draws.append(torch.multinomial(filtered.softmax(-1), 1).squeeze(1))
+        draws.append(_Draw()(None, filtered).argmax(-1))
     assert torch.equal(draws[0][live], draws[1][live])
     assert not torch.equal(out, every_row)  # the finished rows really were skipped
+
+
+def test_draw_samples_the_softmax_and_never_a_removed_token():
+    from qeebm.translator import _Draw
+
+    probs = torch.tensor([0.5, 0.0, 0.3, 0.15, 0.05, 0.0])
+    scores = probs.log().expand(40_000, -1).contiguous()  # log 0 = -inf: removed tokens
+    torch.manual_seed(0)
+    out = _Draw()(None, scores)
+    assert torch.equal(torch.isfinite(out).sum(-1), torch.ones(len(out), dtype=torch.long))  # one token a row
+    counts = torch.bincount(out.argmax(-1), minlength=6).double()
+    assert counts[1] == counts[5] == 0
+    # Binomial counts within 4 standard deviations of their means.
+    n, sd = len(out), (len(out) * probs.double() * (1 - probs.double())).sqrt()
+    assert ((counts - n * probs.double()).abs() <= 4 * sd + 1e-9).all(), counts
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("setting", [dict(), dict(temperature=0.7, top_k=20, top_p=0.9), dict(temperature=1.3, epsilon=1e-3)])
+def test_inverse_cdf_sampling_is_transformers_sampling_with_that_draw(family, setting, monkeypatch):
+    """The default sampler against transformers' own sampling path (its warpers, in its order, and its
+    expansion of the sources) with torch.multinomial replaced by the same inverse-CDF draw: the same
+    rows, token for token. So the warpers, their order, the nucleus, the suppression and the repeated
+    encoder rows are transformers' exactly; only the draw differs from "multinomial"."""
+    import transformers.generation.utils as gen_utils
+
+    tr = load(tiny_translator_dir(family))
+    enc = tr.encode(SRC)
+    ours = GenerationConfig(do_sample=True, num_beams=1, max_new_tokens=12, **setting)
+    torch.manual_seed(3)
+    a = tr.generate_ids(enc["input_ids"], enc["attention_mask"], ours, num_return_sequences=4)
+
+    def inverse_cdf(probs, num_samples):
+        cdf = probs.double().cumsum(-1)
+        u = torch.rand(probs.shape[0], 1, dtype=torch.float64) * cdf[:, -1:]
+        return torch.searchsorted(cdf, u, right=True).clamp_(max=probs.shape[-1] - 1)
+
+    monkeypatch.setattr(gen_utils.torch, "multinomial", inverse_cdf)
+    torch.manual_seed(3)
+    b = tr.generate_ids(enc["input_ids"], enc["attention_mask"], dataclasses.replace(ours, sampler="multinomial"),
+                        num_return_sequences=4)
+    assert a.shape[0] == 3 * 4
+    assert len({tuple(row.tolist()) for row in a[:4]}) > 1  # really random: a source's samples differ
+    assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("lora", [False, True])

@@ -16,7 +16,7 @@ from qeebm.rl import eos_mask
 def sampling_config(c: SamplingConfig) -> GenerationConfig:
     """Ancestral / top-k / nucleus sampling as a method's ``sampling`` section asks."""
     return GenerationConfig(num_beams=1, do_sample=True, max_new_tokens=c.max_new_tokens,
-                            temperature=c.temperature, top_k=c.top_k, top_p=c.top_p)
+                            temperature=c.temperature, top_k=c.top_k, top_p=c.top_p, sampler=c.sampler)
 
 
 @dataclass

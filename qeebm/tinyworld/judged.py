@@ -35,12 +35,15 @@ from qeebm.config import GenerationConfig
 
 _CHRF1 = sacrebleu.metrics.CHRF(word_order=2, beta=1)
 
+# The shipped QEs (build.SHIPPED_QE) learnt from samples drawn this way; another sampler would
+# build other, equally good, QEs than the ones shipped.
+SHIPPED_SAMPLER = "multinomial"
 # name -> decoding of every judged system
 DECODINGS = {
     "greedy": GenerationConfig(num_beams=1, batch_size=256),
-    "t0.7": GenerationConfig(num_beams=1, do_sample=True, temperature=0.7, batch_size=256),
-    "t1.0": GenerationConfig(num_beams=1, do_sample=True, temperature=1.0, batch_size=256),
-    "t1.3": GenerationConfig(num_beams=1, do_sample=True, temperature=1.3, batch_size=256),
+    "t0.7": GenerationConfig(num_beams=1, do_sample=True, temperature=0.7, batch_size=256, sampler=SHIPPED_SAMPLER),
+    "t1.0": GenerationConfig(num_beams=1, do_sample=True, temperature=1.0, batch_size=256, sampler=SHIPPED_SAMPLER),
+    "t1.3": GenerationConfig(num_beams=1, do_sample=True, temperature=1.3, batch_size=256, sampler=SHIPPED_SAMPLER),
 }
 
 
