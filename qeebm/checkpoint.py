@@ -34,7 +34,7 @@ import numpy as np
 import torch
 import yaml
 
-from qeebm.config import Config, dump_config, flat_dict, to_dict, upgrade_keys
+from qeebm.config import Config, dump_config, flat_dict, saved_sampler_defaults, to_dict, upgrade_keys
 from qeebm.errors import QeebmError
 
 STEP_DIR = re.compile(r"^step-(\d+)$")
@@ -302,7 +302,7 @@ def prepare_run_dir(cfg: Config, run_dir: Path, accelerator) -> Path | None:
         raise QeebmError(f"{run_dir} already holds checkpoints ({latest.name}); set output.resume=true to continue, "
                          "or choose another output.run_dir")
     if saved.is_file() and cfg.output.resume:
-        old = upgrade_keys(yaml.safe_load(saved.read_text(encoding="utf-8")) or {}, warn=False)
+        old = saved_sampler_defaults(upgrade_keys(yaml.safe_load(saved.read_text(encoding="utf-8")) or {}, warn=False))
         differ = config_changes(old, to_dict(cfg), ignore=RESUMABLE_CHANGES)
         if differ:
             raise QeebmError(f"cannot resume {run_dir}: config differs in {', '.join(differ)} "

@@ -8,6 +8,7 @@ model is loaded.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import logging
@@ -583,6 +584,21 @@ def upgrade_keys(values: dict, warn: bool = True) -> dict:
                             section, key, section, key)
         node["sampling"] = nested
         out[section] = node
+    return out
+
+
+def saved_sampler_defaults(values: dict) -> dict:
+    """A run directory's saved config as its run was: one written before ``sampler`` existed (stop
+    27) drew with torch.multinomial, so its missing sampler keys are "multinomial". Resuming it with
+    today's default is then refused naming them, and ``...sampler=multinomial`` overrides resume it
+    exactly. Only for saved configs: a recipe without the key means the default."""
+    out = copy.deepcopy(values)
+    for section, path in [("generation", ()), *((s, ("sampling",)) for s in SAMPLING_SECTIONS)]:
+        node = out.get(section)
+        for key in path:
+            node = node.get(key) if isinstance(node, dict) else None
+        if isinstance(node, dict) and "sampler" not in node:
+            node["sampler"] = "multinomial"
     return out
 
 

@@ -110,6 +110,20 @@ def test_a_run_saved_with_the_old_flat_sampling_keys_still_resumes(base, tmp_pat
         train(make_config(base, run, "optim.max_steps=4", "reinforce.sampling.top_p=0.5"))
 
 
+def test_a_run_saved_before_the_sampler_key_resumes_only_with_the_sampler_it_used(base, tmp_path):
+    run = tmp_path / "run"
+    train(make_config(base, run, "optim.max_steps=2"))
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    for node in (saved["generation"], *(saved[s]["sampling"] for s in ("qe_ebm", "reinforce", "ppo"))):
+        del node["sampler"]  # written before stop 27, when every run drew with torch.multinomial
+    (run / "config.yaml").write_text(yaml.safe_dump(saved))
+    with pytest.raises(QeebmError, match="generation.sampler.*qe_ebm.sampling.sampler"):
+        train(make_config(base, run, "optim.max_steps=3"))
+    multinomial = ["generation.sampler=multinomial",
+                   *(f"{s}.sampling.sampler=multinomial" for s in ("qe_ebm", "reinforce", "ppo"))]
+    assert train(make_config(base, run, "optim.max_steps=3", *multinomial)).step == 3
+
+
 def test_existing_checkpoints_without_resume_are_an_error(base, tmp_path):
     run = tmp_path / "run"
     train(make_config(base, run, "optim.max_steps=1"))
