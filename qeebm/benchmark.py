@@ -25,6 +25,7 @@ per emitted token (cached decoding, nothing recomputed).
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections import defaultdict
 
@@ -104,6 +105,9 @@ class PhaseTimer:
         returns the call's FLOP floor."""
         original = getattr(owner, attr)
 
+        # wraps: transformers' generate checks its keyword arguments against the signature of the
+        # model's forward (through __wrapped__), e.g. encoder_outputs.
+        @functools.wraps(original)
         def timed(*args, **kwargs):
             with self.phase(phase) as charged:
                 out = original(*args, **kwargs)
@@ -118,6 +122,7 @@ class PhaseTimer:
         """The step function itself: its own time is "other"; each call closes one step's record."""
         original = getattr(owner, attr)
 
+        @functools.wraps(original)
         def step(*args, **kwargs):
             if self.before_step is not None:
                 self.before_step(len(self.steps))

@@ -90,3 +90,21 @@ def test_phases_are_charged_exclusive_time_and_sampling_absorbs_what_it_calls(cl
     assert summary["steps"] == 1 and summary["total"] == 6.25 and sum(summary["seconds"].values()) == 6.25
     timer.restore()
     assert work.qe is qe and work.step is step
+
+
+def test_instrumented_models_still_sample_several_rows_a_source():
+    """The timing wrappers keep the wrapped forward's signature: generate checks its keyword
+    arguments (the sampler's encoder_outputs) against it."""
+    from qeebm.config import GenerationConfig, ModelConfig
+    from qeebm.translator import Translator
+
+    tr = Translator.load(ModelConfig(name_or_path=str(tiny_translator_dir("nllb"))))
+    enc = tr.encode(["the cat sees 12 dogs.", "a big red house"])
+    timer = bm.PhaseTimer()
+    bm.instrument(timer)
+    try:
+        ids = tr.generate_ids(enc["input_ids"], enc["attention_mask"],
+                              GenerationConfig(do_sample=True, num_beams=1, max_new_tokens=6), num_return_sequences=3)
+    finally:
+        timer.restore()
+    assert ids.shape[0] == 6
