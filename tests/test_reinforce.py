@@ -68,6 +68,16 @@ def test_two_steps_move_every_trainable_parameter(base, tmp_path, family):
     assert state["running_mean"]["count"] == 2 * 8 * 2
 
 
+def test_bf16_mixed_precision_samples_and_trains(base, tmp_path, toy_reward):
+    """accelerate wraps the model's forward for autocast; generate still takes the sampler's
+    encoder_outputs through it (a wrapper without forward's signature refuses them)."""
+    cfg = make_config(base, tmp_path / "run", "method=reinforce", "optim.mixed_precision=bf16", *FAST)
+    train(cfg)
+    records = read_metrics(cfg.output.run_dir)
+    assert [r["step"] for r in records if "loss" in r] == [1, 2]
+    assert all(torch.isfinite(torch.tensor(r["loss"])) and 0 < r["reinforce/sample_len"] <= 7 for r in records if "loss" in r)
+
+
 def first_token_mass(model_dir: Path, sources: list[str], favoured: list[int], cfg) -> float:
     """Mean probability, over ``sources``, that the first token after the language code is favoured."""
     translator = Translator.load(dataclasses.replace(cfg.model, name_or_path=str(model_dir)))
