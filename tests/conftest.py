@@ -17,3 +17,14 @@ def micro_world(tmp_path_factory) -> Path:
     from qeebm.tinyworld.build import build
 
     return build(tmp_path_factory.mktemp("world") / "tinyworld", seed=0, size="micro")
+
+
+@pytest.fixture
+def fresh_accelerate_state():
+    """accelerate keeps one state per process; a test that builds another kind of Accelerator
+    (another backend, mixed precision) starts from and leaves a clean one."""
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)

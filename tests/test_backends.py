@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from accelerate.state import AcceleratorState
 
 from ddp_parity import assert_identical, finish, launch_two, make_config, read_metrics, write_tiny_world
 from qeebm import checkpoint as ckpt
@@ -26,15 +25,6 @@ HAS_WANDB = importlib.util.find_spec("wandb") is not None
 @pytest.fixture(scope="module")
 def base(tmp_path_factory) -> Path:
     return write_tiny_world(tmp_path_factory.mktemp("world"))
-
-
-@pytest.fixture
-def fresh_accelerate_state():
-    """accelerate keeps one state per process; a test that builds another kind of Accelerator
-    starts from and leaves a clean one."""
-    AcceleratorState._reset_state(reset_partial_state=True)
-    yield
-    AcceleratorState._reset_state(reset_partial_state=True)
 
 
 @pytest.mark.parametrize("env,message", [

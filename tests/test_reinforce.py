@@ -68,7 +68,7 @@ def test_two_steps_move_every_trainable_parameter(base, tmp_path, family):
     assert state["running_mean"]["count"] == 2 * 8 * 2
 
 
-def test_bf16_mixed_precision_samples_and_trains(base, tmp_path, toy_reward):
+def test_bf16_mixed_precision_samples_and_trains(base, tmp_path, toy_reward, fresh_accelerate_state):
     """accelerate wraps the model's forward for autocast; generate still takes the sampler's
     encoder_outputs through it (a wrapper without forward's signature refuses them)."""
     cfg = make_config(base, tmp_path / "run", "method=reinforce", "optim.mixed_precision=bf16", *FAST)
