@@ -283,8 +283,13 @@ class LiveMemory(TorchDispatchMode):
         return out
 
 
-def test_memory_is_linear_in_batch_times_length():
+def test_memory_is_linear_in_batch_times_length(monkeypatch):
+    import qeebm.qe.bridge
+
     v_nmt, v_qe, h, t_len = 50_000, 60_000, 16, 12
+    # The backward takes 8 rows at a time (at the real vocabulary the default chunk is 65 rows, far
+    # fewer than a batch's steps); its per-chunk [V_qe, rows] product is bounded by the chunk.
+    monkeypatch.setattr(qeebm.qe.bridge, "_CHUNK_ENTRIES", 8 * v_nmt)
     g = torch.Generator().manual_seed(0)
     # Each translator token maps to one to three QE tokens (a synthetic NLLB -> XLM-R map).
     counts = torch.randint(1, 4, (v_nmt,), generator=g)
@@ -292,7 +297,6 @@ def test_memory_is_linear_in_batch_times_length():
     qids = torch.randint(0, v_qe, (int(counts.sum()),), generator=g)
     bridge = Bridge.from_sparse_map(offsets, qids, torch.repeat_interleave(1.0 / counts, counts))
     emb = torch.randn(v_qe, h, generator=g)
-    bridge.table(emb)  # built once while the QE is frozen: not part of the per-batch cost
 
     def run(bsz):
         # Every step feeds two QE positions, and every second pair of steps shares one position.
@@ -310,41 +314,76 @@ def test_memory_is_linear_in_batch_times_length():
         ids = torch.randint(0, v_nmt, (bsz, t_len), generator=g)
         weights = torch.randn(bsz, 2 * t_len, h, generator=g)
         with LiveMemory() as mem:
-            probs = torch.softmax(logits, -1)
-            shift = bridge.shift(emb, probs, ids, al, 2 * t_len, "st")
+            shift = bridge.shift(emb, logits, ids, al, 2 * t_len, "st")
             (shift * weights).sum().backward()
         assert logits.grad.abs().sum() > 0
         return mem
 
     small, large = run(4), run(8)
     for mem, bsz in ((small, 4), (large, 8)):
-        # Nothing of size batch x length x V_qe; the biggest tensors are the [B, T, V_nmt] softmax and
-        # its gradient, which the translator's own logits already cost.
+        # Nothing of size batch x length x V_qe; the biggest tensor is the gradient of the [B, T, V_nmt]
+        # logits, which the translator's own logits already cost.
         assert mem.largest < bsz * t_len * v_qe
         assert mem.largest <= bsz * t_len * v_nmt
     assert large.peak <= 2.0 * small.peak
     assert large.peak > 1.5 * small.peak  # the measurement does see the batch-sized tensors
 
 
-def test_zero_forward_product_has_the_straight_through_gradients():
-    """The backward-only product equals autograd on ``z - z.detach()``, for the probabilities and for
-    a table that requires grad (QE-dynamic trains the embeddings), with repeated rows."""
+def test_frozen_table_product_equals_the_table():
+    """With a frozen QE the straight-through backward multiplies by ``B^T`` through the sparse map
+    instead of the table: same gradient (float64, 1e-12), and the table is never built."""
+    g = torch.Generator().manual_seed(1)
+    v_nmt, v_qe, h, bsz, t_len = 13, 9, 5, 3, 4
+    counts = torch.randint(0, 3, (v_nmt,), generator=g)  # empty bags: rows of B that are zero
+    offsets = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)])
+    qids = torch.randint(0, v_qe, (int(counts.sum()),), generator=g)
+    weights = torch.rand(int(counts.sum()), generator=g)
+    bridge = Bridge.from_sparse_map(offsets, qids, weights)
+    emb = torch.randn(v_qe, h, generator=g, dtype=torch.float64)
+    rows, qe_pos, nmt_pos = zip(*[(b, j, t) for b in range(bsz) for t in range(t_len) for j in (t, t + 1)])
+    al = Alignment(qe_ids=[], texts=[], canonical=[], rows=torch.tensor(rows), qe_pos=torch.tensor(qe_pos),
+                   nmt_pos=torch.tensor(nmt_pos), weight=torch.full((len(rows),), 0.5, dtype=torch.float64))
+    logits = torch.randn(bsz, t_len, v_nmt, generator=g, dtype=torch.float64, requires_grad=True)
+    ids = torch.randint(0, v_nmt, (bsz, t_len), generator=g)
+    upstream = torch.randn(bsz, t_len + 1, h, generator=g, dtype=torch.float64)
+
+    (bridge.shift(emb, logits, ids, al, t_len + 1, "st") * upstream).sum().backward()
+    got, logits.grad = logits.grad, None
+    assert bridge._table_cache is None
+    table = bridge.table(emb)
+    z = torch.softmax(logits, -1).reshape(bsz * t_len, v_nmt) @ table
+    d = (z - z.detach()).view(bsz, t_len, h)
+    want_shift = torch.zeros(bsz, t_len + 1, h, dtype=torch.float64).index_put(
+        (al.rows, al.qe_pos), d[al.rows, al.nmt_pos] * 0.5, accumulate=True)
+    (want_shift * upstream).sum().backward()
+    assert torch.allclose(got, logits.grad, rtol=0, atol=1e-12)
+    assert got.abs().sum() > 0
+
+
+@pytest.mark.parametrize("chunk_entries", [1 << 24, 22])  # one chunk; two rows a chunk, the last one short
+def test_zero_forward_product_has_the_straight_through_gradients(monkeypatch, chunk_entries):
+    """The backward-only product equals autograd on ``z - z.detach()`` with ``z = softmax(logits) @ B``,
+    for the logits and for a table that requires grad (QE-dynamic trains the embeddings), with
+    repeated rows, whether the backward takes the rows at once or a few at a time."""
+    import qeebm.qe.bridge
     from qeebm.qe.bridge import _zero_forward_product
 
+    monkeypatch.setattr(qeebm.qe.bridge, "_CHUNK_ENTRIES", chunk_entries)
     g = torch.Generator().manual_seed(0)
-    probs = torch.rand(6, 11, generator=g, dtype=torch.float64).requires_grad_(True)
+    logits = torch.randn(6, 11, generator=g, dtype=torch.float64).requires_grad_(True)
     table = torch.randn(11, 4, generator=g, dtype=torch.float64).requires_grad_(True)
-    steps = torch.tensor([0, 2, 5])
-    which = torch.tensor([0, 1, 1, 2, 0])  # one step feeding several QE positions
-    upstream = torch.randn(5, 4, generator=g, dtype=torch.float64)
+    steps = torch.tensor([0, 2, 3, 5, 1])
+    which = torch.tensor([0, 1, 1, 2, 0, 4, 3])  # one step feeding several QE positions
+    upstream = torch.randn(7, 4, generator=g, dtype=torch.float64)
 
-    z = probs.index_select(0, steps) @ table
+    z = torch.softmax(logits, -1).index_select(0, steps) @ table
     ((z - z.detach())[which] * upstream).sum().backward()
-    want = probs.grad.clone(), table.grad.clone()
-    probs.grad = table.grad = None
-    d = _zero_forward_product(probs, steps, table)
+    want = logits.grad.clone(), table.grad.clone()
+    logits.grad = table.grad = None
+    d = _zero_forward_product(logits, steps, table, None)
     assert not d.any()
     (d[which] * upstream).sum().backward()
-    assert torch.allclose(probs.grad, want[0], rtol=0, atol=1e-12)
+    assert torch.allclose(logits.grad, want[0], rtol=0, atol=1e-12)
     assert torch.allclose(table.grad, want[1], rtol=0, atol=1e-12)
+    assert want[0][4].abs().sum() == 0  # a row the QE does not see gets no gradient
     assert want[0].abs().sum() > 0 and want[1].abs().sum() > 0

@@ -39,9 +39,12 @@ by piece, equal the QE tokenizer's canonical tokenisation of the decoded text; a
 (NLLB, or a non-canonical mBART segmentation such as ``"▁c" "at"`` for ``"▁cat"``) takes the
 offset-aligned path.
 
-Memory: the alignment is a list of ``(row, j, t, w)`` triples (linear in batch x length); the only
-vocabulary-sized tensor the bridge makes is ``B`` (``[V_nmt, H]``, cached while ``E_qe`` is frozen).
-No ``[B, T, V_qe]`` and no ``[V_nmt, V_qe]`` tensor is ever built.
+Memory: the alignment is a list of ``(row, j, t, w)`` triples (linear in batch x length). Under the
+straight-through relaxations the softmax is recomputed in the backward pass a few rows at a time,
+and with a frozen QE the table is never built (``B``'s products go through the sparse map); ``B``
+(``[V_nmt, H]``) exists only where it must: the "softmax" relaxation (cached while ``E_qe`` is
+frozen) and a QE whose embeddings train. No ``[B, T, V_qe]`` and no ``[V_nmt, V_qe]`` tensor is ever
+built.
 """
 
 from __future__ import annotations
@@ -163,18 +166,28 @@ class Bridge(nn.Module):
             self._table_cache = (key, table)
         return table
 
+    def times_table_t(self, grad: Tensor, qe_embeddings: Tensor) -> Tensor:
+        """``grad @ B^T`` (``[c, H]`` -> ``[c, V_nmt]``) without ``B``: row v of ``B`` is
+        ``sum_k w_vk E_qe[u_vk]``, so column v of the product is the same weighted sum over the
+        columns of ``grad @ E_qe^T`` (``[c, V_qe]``), one embedding bag over its transpose."""
+        per_qe = qe_embeddings @ grad.to(qe_embeddings.dtype).T  # [V_qe, c]
+        return F.embedding_bag(self.map_ids, per_qe, self.map_offsets[:-1], mode="sum",
+                               per_sample_weights=self.map_weights.to(per_qe.dtype)).T
+
     def content_mask(self, mt_ids: Tensor, mt_mask: Tensor) -> Tensor:
         """``[B, T]`` bool: steps whose token reaches the decoded text (masked in, not special)."""
         ids = mt_ids.clamp(0, self.vocab_size - 1)
         known = mt_ids < self.vocab_size
         return mt_mask.bool() & known & ~self.special.to(mt_ids.device)[ids]
 
-    def shift(self, qe_embeddings: Tensor, probs: Tensor, forward_ids: Tensor, alignment: Alignment,
+    def shift(self, qe_embeddings: Tensor, logits: Tensor, forward_ids: Tensor, alignment: Alignment,
               length: int, relaxation: str = "st") -> Tensor:
         """The per-position embedding shift ``[B, length, H]`` for the mt segment.
 
-        probs:       ``[B, T, V_nmt]`` relaxed distributions (softmax of logits, or of Gumbel-perturbed
-                     logits over tau).
+        logits:      ``[B, T, V_nmt]`` whose softmax is the relaxed distribution p (the translator's
+                     logits, or Gumbel-perturbed logits over tau). The softmax is taken here, only for
+                     the steps the QE sees, and under "st" / "gumbel-st" only in the backward pass,
+                     a few rows at a time: no ``[B, T, V_nmt]`` tensor is kept for backward.
         forward_ids: ``[B, T]`` the translator tokens the forward pass scores.
         relaxation:  "st" / "gumbel-st": ``z - sg(z)`` (zero forward, identity backward);
                      "softmax": ``z - B[forward_ids]`` = (p - onehot) @ B, so on the identity path
@@ -182,26 +195,32 @@ class Bridge(nn.Module):
         Position ``j`` of the result belongs to QE mt position ``j``; alignment entries at positions
         ``>= length`` are ignored.
         """
-        bsz, steps = probs.shape[:2]
+        bsz, steps = logits.shape[:2]
         h = qe_embeddings.shape[1]
-        if probs.shape[-1] != self.vocab_size:
-            raise ValueError(f"logits have {probs.shape[-1]} classes, the bridge maps {self.vocab_size}")
-        table = self.table(qe_embeddings)  # [V_nmt, H]
-        dev = probs.device
+        if logits.shape[-1] != self.vocab_size:
+            raise ValueError(f"logits have {logits.shape[-1]} classes, the bridge maps {self.vocab_size}")
+        dev = logits.device
         rows, qe_pos, nmt_pos, weight = (t.to(dev) for t in alignment.entries(length))
         weight = weight.to(qe_embeddings.dtype)
         out = qe_embeddings.new_zeros(bsz, length, h)
         if rows.numel() == 0:
             # Nothing reaches the QE (empty outputs): keep the graph so backward() still runs.
-            return out + 0.0 * probs.sum().to(out.dtype)
+            return out + 0.0 * logits.sum().to(out.dtype)
         # Only the translator steps the QE sees are multiplied, each once: [U, V_nmt] @ [V_nmt, H].
         steps_seen, which = torch.unique(rows * steps + nmt_pos, return_inverse=True)
-        flat = probs.reshape(bsz * steps, -1)
+        flat = logits.reshape(bsz * steps, -1)
         if relaxation == "softmax":
-            p = flat.index_select(0, steps_seen).to(qe_embeddings.dtype)
+            table = self.table(qe_embeddings)  # [V_nmt, H]
+            p = F.softmax(flat.index_select(0, steps_seen), dim=-1).to(qe_embeddings.dtype)
             d = p @ table - table[forward_ids.to(dev).reshape(-1).index_select(0, steps_seen)]
         elif relaxation in ("st", "gumbel-st"):
-            d = _zero_forward_product(flat, steps_seen, table)
+            if qe_embeddings.requires_grad and torch.is_grad_enabled():
+                d = _zero_forward_product(flat, steps_seen, self.table(qe_embeddings), None)
+            else:
+                # A frozen QE: the backward's g @ B^T is taken through the sparse map, so the
+                # [V_nmt, H] table (1 GB for NLLB into InfoXLM) is never built nor kept.
+                d = _zero_forward_product(flat, steps_seen, qe_embeddings.new_empty(0, h),
+                                          lambda g: self.times_table_t(g, qe_embeddings))
         else:
             raise ValueError(f"unknown relaxation {relaxation!r}")
         # Under autocast the product may come out in another dtype than the embeddings.
@@ -276,27 +295,47 @@ class Bridge(nn.Module):
 
 
 # --------------------------------------------------------------------------------- helpers
+# Rows of [rows, V_nmt] the straight-through backward handles at once: 2^24 entries (64 MiB in fp32;
+# 65 rows at NLLB's 256k vocabulary) keep its matrix products wide enough to run near the matmul rate.
+_CHUNK_ENTRIES = 1 << 24
+
+
 class _ZeroForwardProduct(torch.autograd.Function):
-    """``(p - sg(p)) @ B`` for the rows ``steps`` of ``probs``: zero in value, the product's gradient
-    in backward. The straight-through shift needs the ``[U, V_nmt] @ [V_nmt, H]`` product only in the
-    backward pass; autograd on ``z - z.detach()`` would compute it in the forward pass too, for
-    nothing. Only ``probs`` (alive anyway) and the row indices are kept for backward, not a
-    ``[U, V_nmt]`` copy of the selected rows."""
+    """``(p - sg(p)) @ B`` with ``p = softmax(logits)``, for the rows ``steps`` of ``logits``: zero in
+    value, the product's gradient in backward. The straight-through shift needs the
+    ``[U, V_nmt] @ [V_nmt, H]`` product only in the backward pass; autograd on ``z - z.detach()``
+    would compute it in the forward pass too, for nothing. Only ``logits`` (alive anyway: the
+    translator made them), the row indices and the table are kept; the backward recomputes the
+    softmax a chunk of rows at a time and applies its Jacobian there, so neither the
+    ``[B, T, V_nmt]`` softmax nor a ``[U, V_nmt]`` gradient of it ever exists whole.
+
+    ``times_table_t``: None to use ``table`` (``[V_nmt, H]``, possibly requiring grad), or a function
+    ``g -> g @ B^T`` for a frozen table that is not materialised (``table`` is then an empty
+    ``[0, H]`` tensor giving the output's dtype, device and width)."""
 
     @staticmethod
-    def forward(ctx, probs: Tensor, steps: Tensor, table: Tensor) -> Tensor:
-        ctx.save_for_backward(probs, steps, table)
+    def forward(ctx, logits: Tensor, steps: Tensor, table: Tensor, times_table_t) -> Tensor:
+        ctx.save_for_backward(logits, steps, table)
+        ctx.times_table_t = times_table_t if times_table_t is not None else (lambda g: g @ table.T)
         return table.new_zeros(steps.shape[0], table.shape[1])
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        probs, steps, table = ctx.saved_tensors
-        grad_probs = grad_table = None
-        if ctx.needs_input_grad[0]:
-            grad_probs = probs.new_zeros(probs.shape).index_copy(0, steps, (grad @ table.T).to(probs.dtype))
-        if ctx.needs_input_grad[2]:
-            grad_table = probs.index_select(0, steps).to(table.dtype).T @ grad
-        return grad_probs, None, grad_table
+        logits, steps, table = ctx.saved_tensors
+        grad_logits = logits.new_zeros(logits.shape) if ctx.needs_input_grad[0] else None
+        grad_table = torch.zeros_like(table) if ctx.needs_input_grad[2] else None
+        rows = max(1, _CHUNK_ENTRIES // logits.shape[-1])
+        for start in range(0, steps.numel(), rows):
+            chunk, g = steps[start:start + rows], grad[start:start + rows]
+            p = F.softmax(logits.index_select(0, chunk), dim=-1)  # [c, V_nmt]
+            if grad_logits is not None:
+                # softmax's Jacobian-vector product: p * (dp - <p, dp>), with dp = g @ B^T
+                dp = ctx.times_table_t(g).to(p.dtype)
+                dp = (dp - (p * dp).sum(-1, keepdim=True)).mul_(p)
+                grad_logits.index_copy_(0, chunk, dp)
+            if grad_table is not None:
+                grad_table.addmm_(p.to(table.dtype).T, g)
+        return grad_logits, None, grad_table, None
 
 
 _zero_forward_product = _ZeroForwardProduct.apply

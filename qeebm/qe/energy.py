@@ -131,11 +131,11 @@ class KiwiEnergy(nn.Module):
                              f"logits {tuple(logits.shape)}")
         if len(src) != mt_ids.shape[0]:
             raise ValueError(f"{len(src)} sources for {mt_ids.shape[0]} translations")
-        probs, forward_ids = self._relax(logits, mt_ids, mt_mask, relaxation, tau, generator)
+        relaxed, forward_ids = self._relax(logits, mt_ids, mt_mask, relaxation, tau, generator)
         if alignment is None or relaxation == "gumbel-st":
             alignment = self.align(forward_ids, mt_mask)
         self.last_alignment = alignment
-        return -self._score(src, alignment, probs=probs, forward_ids=forward_ids, relaxation=relaxation)
+        return -self._score(src, alignment, relaxed=relaxed, forward_ids=forward_ids, relaxation=relaxation)
 
     @torch.no_grad()
     def score_ids(self, src: list[str], mt_ids: Tensor, mt_mask: Tensor, alignment: Alignment | None = None) -> Tensor:
@@ -157,6 +157,8 @@ class KiwiEnergy(nn.Module):
 
     # ------------------------------------------------------------------------------ internals
     def _relax(self, logits, mt_ids, mt_mask, relaxation, tau, generator):
+        """The logits whose softmax is the relaxed distribution (the bridge takes the softmax, only
+        where the QE reads it), and the tokens the forward pass scores."""
         if relaxation == "gumbel-st":
             # -log(Exp(1)) ~ Gumbel(0, 1); an exact 0 draw (one in 2^24 in float32, so a few per
             # batch at a 256k vocabulary) would give an infinite logit and a NaN softmax.
@@ -165,10 +167,10 @@ class KiwiEnergy(nn.Module):
             perturbed = logits + gumbel
             content = self.bridge.content_mask(mt_ids, mt_mask)
             forward_ids = torch.where(content, perturbed.detach().argmax(-1), mt_ids)
-            return F.softmax(perturbed / tau, dim=-1), forward_ids
-        return F.softmax(logits, dim=-1), mt_ids
+            return perturbed / tau, forward_ids
+        return logits, mt_ids
 
-    def _score(self, src: list[str], alignment: Alignment, probs: Tensor | None = None,
+    def _score(self, src: list[str], alignment: Alignment, relaxed: Tensor | None = None,
                forward_ids: Tensor | None = None, relaxation: str = "st") -> Tensor:
         tok = self.tokenizer
         max_positions = self.max_positions
@@ -191,11 +193,11 @@ class KiwiEnergy(nn.Module):
         position_ids = (torch.cumsum(mask.long(), dim=1) * mask.long() + pad_idx).long()
 
         embeds = F.embedding(ids, weight)  # [B, L, H]
-        if probs is not None:
+        if relaxed is not None:
             # mt content starts right after <s>; build_inputs_with_special_tokens puts it there.
             # The longest mt segment always fits: it is at most max_positions - 4 tokens long.
             mt_len = max(1, max(len(m) for m in alignment.qe_ids))
-            shift = self.bridge.shift(weight, probs, forward_ids, alignment, mt_len, relaxation)
+            shift = self.bridge.shift(weight, relaxed, forward_ids, alignment, mt_len, relaxation)
             embeds = embeds + F.pad(shift, (0, 0, 1, ids.shape[1] - 1 - mt_len))
 
         if packable(self.qe):
