@@ -127,7 +127,7 @@ def train(cfg: Config) -> TrainResult:
         if resume_from is not None and not ckpt.restore_rng(resume_from, accelerator.process_index):
             log.warning("checkpoint has no RNG state for process %d: dropout will differ", accelerator.process_index)
 
-        qe_scorers = ValidationScorers(cfg, accelerator.device)
+        qe_scorers = ValidationScorers(cfg, accelerator.device, shared=method.frozen_qes())
 
         def validate_and_select() -> None:
             # prepared is in train mode here (set before the loop; methods restore modes), so eval_mode
@@ -403,11 +403,14 @@ def qe_metric_path(cfg, name: str) -> str:
 
 class ValidationScorers(dict):
     """name -> QEScorer of each validation QE metric, loaded at the first validation and kept
-    (a CometKiwi takes seconds to load; scores of repeated dev outputs come from the cache)."""
+    (a CometKiwi takes seconds to load; scores of repeated dev outputs come from the cache).
+    ``shared``: QE models already in memory and never changed, by path (``Method.frozen_qes``);
+    a metric on one of those paths scores with it instead of a second copy."""
 
-    def __init__(self, cfg, device):
+    def __init__(self, cfg, device, shared: dict | None = None):
         super().__init__()
         self.cfg, self.device, self.loaded = cfg, device, False
+        self.shared = shared or {}
 
     def items(self):
         if not self.loaded:
@@ -416,8 +419,12 @@ class ValidationScorers(dict):
 
             for name in validation_qe_metrics(self.cfg):
                 # comet builds random modules before loading weights: the run's RNG stays untouched.
+                path = qe_metric_path(self.cfg, name)
+                if path in self.shared:
+                    self[name] = QEScorer(self.shared[path])
+                    continue
                 with torch.random.fork_rng(devices=[]):
-                    self[name] = QEScorer(load_qe(qe_metric_path(self.cfg, name)).to(self.device))
+                    self[name] = QEScorer(load_qe(path).to(self.device))
             self.loaded = True
         return super().items()
 

@@ -567,3 +567,25 @@ def test_ddp_processes_hold_the_same_qe(world, tmp_path):
     assert all(r["diag/ratio_energy"] > 0 and r["qe-ebm/beta"] > 0 for r in rows)
     assert [r.get("qe-ebm/heldout_updates") for r in rows] == [1, None, 3]
     assert all(-1 <= r["qe-ebm/heldout_pearson"] <= 1 for r in rows if "qe-ebm/heldout_pearson" in r)
+
+
+def test_validation_scores_with_the_static_qe_it_already_holds(world, tmp_path, monkeypatch):
+    """QE-static's validation Kiwi is the energy's own QE object, not a second load of the same
+    weights; QE-dynamic's QE changes, so its validation loads the checkpoint."""
+    import qeebm.qe.models
+    from qeebm.loop import ValidationScorers
+
+    cfg = qe_config(world, tmp_path / "run", "eval.qe_metrics=[kiwi]")
+    _, method, _ = build(cfg)
+    assert method.frozen_qes() == {cfg.qe.path: method.qe}
+    dynamic = qe_config(world, tmp_path / "dyn", "qe.mode=dynamic")
+    assert build(dynamic)[1].frozen_qes() == {}
+
+    def no_load(path):
+        raise AssertionError(f"loaded {path} again")
+
+    monkeypatch.setattr(qeebm.qe.models, "load_qe", no_load)
+    scorers = dict(ValidationScorers(cfg, torch.device("cpu"), shared=method.frozen_qes()).items())
+    assert scorers["kiwi"].model is method.qe
+    with pytest.raises(AssertionError, match="loaded"):  # nothing shared: it loads
+        dict(ValidationScorers(cfg, torch.device("cpu")).items())

@@ -189,3 +189,17 @@ def test_guard_hits_rank_last_on_the_scale_of_the_step_spread():
     (r,) = method.finish_rollouts([rollout([[0.40, 0.42, 0.50, 0.90]], 4, penalty=[[0.0, 0.0, 0.0, 1.0]])],
                                   gather=lambda t: t)
     assert r.advantages.argmin().item() == 3 and r.advantages.min().item() > -0.5
+
+
+def test_the_reward_offers_its_qe_to_validation(base, tmp_path, monkeypatch):
+    """REINFORCE and PPO hand the reward's QE model to validation (``Method.frozen_qes``), keyed by
+    ``qe.path``; a scorer without a model (a toy) offers nothing."""
+    from types import SimpleNamespace
+
+    cfg = make_config(base, tmp_path / "run", "method=reinforce", "qe.path=some/kiwi")
+    translator = SimpleNamespace(device=torch.device("cpu"), num_tokens=len)
+    model = torch.nn.Linear(1, 1)
+    monkeypatch.setattr(reinforce, "build_scorer", lambda cfg, device: SimpleNamespace(model=model))
+    assert reinforce.QEReward(cfg, translator, False).frozen_qes() == {"some/kiwi": model}
+    monkeypatch.setattr(reinforce, "build_scorer", lambda cfg, device: ToyScorer())
+    assert reinforce.QEReward(cfg, translator, False).frozen_qes() == {}

@@ -160,6 +160,9 @@ class PPO(Method):
     def extra_parameters(self) -> list[torch.nn.Parameter]:
         return list(self.value_head.parameters())
 
+    def frozen_qes(self) -> dict[str, torch.nn.Module]:
+        return self.reward.frozen_qes()
+
     def state_dict(self) -> dict:
         return {"value_head": {k: v.detach().cpu() for k, v in self.value_head.state_dict().items()},
                 "kl_ctl": self.kl_ctl.state_dict()}

@@ -311,6 +311,10 @@ class QeEbm(Method):
         return -nll.sum(1) / (labels != -100).sum(1).clamp(min=1)
 
     # ------------------------------------------------------------------------------- helpers
+    def frozen_qes(self) -> dict[str, torch.nn.Module]:
+        """QE-static's energy QE (QE-dynamic's changes, so validation loads the checkpoint's)."""
+        return {} if self.dynamic else {self.q.path: self.qe}
+
     def state_dict(self) -> dict:
         """The last gradient-norm ratio (relative weighting); QE-dynamic: the trainable QE parameters
         and the QE optimiser."""

@@ -60,10 +60,15 @@ class QEReward:
     the guards it trips. ``rl.penalised_rewards`` combines the two once the whole step is known."""
 
     def __init__(self, cfg: Config, translator, use_guards: bool):
-        self.scorer = build_scorer(cfg, translator.device)
+        self.path, self.scorer = cfg.qe.path, build_scorer(cfg, translator.device)
         self.guards = cfg.guards if use_guards else None
         self.src_lang, self.tgt_lang = cfg.model.src_lang, cfg.model.tgt_lang
         self.count_tokens = translator.num_tokens
+
+    def frozen_qes(self) -> dict[str, torch.nn.Module]:
+        """The reward's QE (``Method.frozen_qes``); none for a scorer without a model (tests' toys)."""
+        model = getattr(self.scorer, "model", None)
+        return {self.path: model} if model is not None else {}
 
     def __call__(self, src: list[str], hyps: list[str]) -> tuple[torch.Tensor, torch.Tensor, GuardResult | None]:
         """Returns (QE score [B], guard penalty [B], guard result or None), float32 on the CPU."""
@@ -127,6 +132,9 @@ class Reinforce(Method):
         self.reward = QEReward(cfg, translator, self.c.guards)
         self.running = RunningMeanBaseline()
         self.label_smoothing = cfg.optim.label_smoothing  # of the CE term (alpha > 0), as SFT's
+
+    def frozen_qes(self) -> dict[str, torch.nn.Module]:
+        return self.reward.frozen_qes()
 
     # State a resume must restore: the running mean of past rewards.
     def state_dict(self) -> dict:
