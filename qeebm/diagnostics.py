@@ -29,19 +29,28 @@ def term_gradient_stats(terms: dict[str, torch.Tensor], params: list[torch.nn.Pa
     params = [p for p in params if p.requires_grad]
     if not terms or not params:
         return {}
-    ref_grad = _gradient(terms[reference], params) if reference in terms else None
-    ref_norm = grad_norm(ref_grad) if ref_grad is not None else None
+    return gradient_stats({name: (lambda term=term: (1.0, _gradient(term, params))) for name, term in terms.items()},
+                          reference)
+
+
+def gradient_stats(gradients: dict, reference: str = REFERENCE_TERM) -> dict[str, float]:
+    """``term_gradient_stats`` from gradients in hand: ``gradients[name]()`` returns ``(scale, grads)``,
+    the term's gradient being ``scale * grads`` (one tensor per parameter, the same parameters in
+    the same order for every term). A method that already measured its terms' gradients unweighted
+    (QE-EBM's relative weighting) passes them with the terms' weights as scales."""
+    ref = gradients[reference]() if reference in gradients else None
+    ref_norm = abs(ref[0]) * grad_norm(ref[1]) if ref is not None else None
     out: dict[str, float] = {}
     if ref_norm is not None:
         out[f"grad_{reference}"] = ref_norm
-    for name, term in terms.items():
+    for name, get in gradients.items():
         if name == reference:
             continue
-        grad = _gradient(term, params)
-        norm = grad_norm(grad)
+        scale, grad = get()
+        norm = abs(scale) * grad_norm(grad)
         out[f"grad_{name}"] = norm
-        if ref_grad is not None:
-            dot = sum(float(torch.sum(a.double() * b.double())) for a, b in zip(grad, ref_grad))
+        if ref is not None:
+            dot = scale * ref[0] * sum(float(torch.sum(a.double() * b.double())) for a, b in zip(grad, ref[1]))
             out[f"ratio_{name}"] = norm / ref_norm if ref_norm > 0 else math.inf
             out[f"cos_{name}"] = dot / (norm * ref_norm) if norm > 0 and ref_norm > 0 else 0.0
         del grad

@@ -265,7 +265,8 @@ def train_step(step, cfg, accelerator, translator, model, method, optimizer, sch
                         values = dict(out.values)
                     if diagnose and epoch == part == micro == 0 and len(out.terms) > 1:
                         # A mean over processes: each measured its own micro-batch.
-                        for key, value in term_gradient_stats(out.terms, params).items():
+                        stats = out.gradient_stats
+                        for key, value in (stats if stats is not None else term_gradient_stats(out.terms, params)).items():
                             sums[f"diag/{key}"] = value / world
                     # DDP averages gradients over processes; the contributions must be summed.
                     backward(accelerator, out.loss * world)

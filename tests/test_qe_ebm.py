@@ -294,6 +294,26 @@ def test_relative_weighting_backward_reuses_the_measured_gradients(world, tmp_pa
     assert again.loss.grad_fn is not None and type(again.loss.grad_fn).__name__ == "AddBackward0"
 
 
+def test_a_measuring_step_hands_the_loop_its_gradient_diagnostics(world, tmp_path):
+    """When relative weighting measured both terms' gradients, the step's gradient diagnostics come
+    from them: equal to the loop's own measurement of the weighted terms (float rounding), and
+    None on a step that did not measure (the loop then measures)."""
+    cfg = qe_config(world, tmp_path / "run", "qe_ebm.weighting=relative", "qe_ebm.rho=0.3", "qe_ebm.beta_ramp_steps=0",
+                    "qe_ebm.rho_every=5")
+    tr, method, batch = build(cfg)
+    params = [p for p in tr.model.parameters() if p.requires_grad]
+    with torch.no_grad():
+        rollout = method.rollout(batch)
+    out = method.loss(rollout)
+    want = term_gradient_stats(out.terms, params)
+    assert set(out.gradient_stats) == set(want) == {"grad_ce", "grad_energy", "ratio_energy", "cos_energy"}
+    for key, value in want.items():
+        assert out.gradient_stats[key] == pytest.approx(value, rel=1e-6, abs=1e-9), key
+    assert want["grad_energy"] > 0 and abs(want["cos_energy"]) < 1
+    rollout.batch.step = 2  # not due: beta from the last measurement, no gradients in hand
+    assert method.loss(rollout).gradient_stats is None
+
+
 def test_relative_weighting_reuses_its_measurement_between_due_steps(world, tmp_path):
     cfg = qe_config(world, tmp_path / "run", "qe_ebm.weighting=relative", "qe_ebm.rho_every=3", "qe_ebm.beta_ramp_steps=0")
     tr, method, batch = build(cfg)

@@ -52,12 +52,16 @@ class StepOutput:
     are, from the step's first micro-batch.
     ``terms``: the weighted parts of ``loss`` (they sum to it), by name, e.g.
     ``{"ce": alpha * ce, "energy": beta * e}``. The loop's gradient diagnostics compare their
-    gradients (norms, ratio and cosine against ``"ce"``); empty for a single-term loss."""
+    gradients (norms, ratio and cosine against ``"ce"``); empty for a single-term loss.
+    ``gradient_stats``: those diagnostics, when the method measured the terms' gradients on this
+    micro-batch anyway (``diagnostics.gradient_stats``); the loop logs them instead of taking every
+    term's gradient again."""
 
     loss: torch.Tensor
     metrics: dict[str, float] = field(default_factory=dict)
     terms: dict[str, torch.Tensor] = field(default_factory=dict)
     values: dict[str, float] = field(default_factory=dict)
+    gradient_stats: dict[str, float] | None = None
 
 
 class Method(Protocol):

@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from qeebm.config import Config, QeEbmConfig
-from qeebm.diagnostics import grad_norm, term_gradients, with_known_gradient
+from qeebm.diagnostics import gradient_stats, grad_norm, term_gradients, with_known_gradient
 from qeebm.errors import QeebmError
 from qeebm.guards import check, hit_rates
 from qeebm.methods.base import Batch, Method, StepOutput
@@ -221,7 +221,7 @@ class QeEbm(Method):
         alpha, beta = r.alpha, r.beta
         terms = {}
         metrics = {"qe-ebm/energy": e.item(), **r.stats}
-        measured = None
+        measured = stats = None
         if alpha > 0:
             # The CE term exactly as method 'sft' computes it, so beta = 0 is SFT bit for bit.
             ce, _ = label_smoothed_ce(self.model, b, self.label_smoothing, upcast=_upcast)
@@ -235,6 +235,8 @@ class QeEbm(Method):
             # Both terms' gradients are in hand: the step's backward takes their weighted sum, not a
             # second pass through the QE and the translator.
             params, g_ce, g_e = measured
+            # The loop's gradient diagnostics, from the same gradients (before they are combined).
+            stats = gradient_stats({"ce": lambda: (alpha, g_ce), "energy": lambda: (beta, g_e)})
             for a, g in zip(g_ce, g_e):
                 a.mul_(alpha).add_(g, alpha=beta)
             loss = with_known_gradient(loss, params, g_ce)
@@ -245,7 +247,7 @@ class QeEbm(Method):
         if self.k > 1:
             metrics["qe-ebm/score_spread"] = scores.std(dim=1).sum().item() * self.k / r.normaliser
         return StepOutput(loss=loss, metrics=metrics, terms=terms,
-                          values={"qe-ebm/alpha": alpha, "qe-ebm/beta": beta})
+                          values={"qe-ebm/alpha": alpha, "qe-ebm/beta": beta}, gradient_stats=stats)
 
     def relative_beta(self, step: int, alpha: float, ce: torch.Tensor, e: torch.Tensor):
         """beta = rho * ramp * alpha * |grad CE| / |grad E| (``weighting: relative``), the norms
