@@ -44,16 +44,33 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import torch  # noqa: E402
 
 
-def matmul_gflops(n: int = 2048, reps: int = 5) -> float:
-    """Best-of-reps fp32 GEMM rate, the roof the encoder's linear layers can reach."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    a @ b
+def matmul_gflops(n: int = 2048, reps: int = 5, m: int | None = None, k: int | None = None) -> float:
+    """Best-of-reps fp32 rate of a linear layer's product ``[m x k] @ W^T`` with ``W [n x k]``
+    (default square ``n``: the roof the floors divide by)."""
+    m, k = m or n, k or n
+    x, w = torch.randn(m, k), torch.randn(n, k)
+    torch.nn.functional.linear(x, w)
     best = float("inf")
     for _ in range(reps):
         start = time.perf_counter()
-        a @ b
+        torch.nn.functional.linear(x, w)
         best = min(best, time.perf_counter() - start)
-    return 2 * n**3 / best / 1e9
+    return 2 * m * k * n / best / 1e9
+
+
+# Generation's products at the published shapes, 20 sequences a token (4 sources x 5 samples):
+# NLLB-600M's output layer and decoder layers, and the same output layer at wider batches.
+GENERATION_SHAPES = [(20, 1024, 256206), (65, 1024, 256206), (500, 1024, 256206),
+                     (20, 1024, 4096), (20, 4096, 1024), (20, 1024, 1024)]
+
+
+def bench_gemm(args) -> None:
+    """The fp32 rate of generation's own matrix shapes beside the square rate the floors assume."""
+    torch.set_num_threads(args.threads or 1)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), best of 5")
+    print(f"  [2048 x 2048] @ W^T, W [2048 x 2048] (the floors' rate): {matmul_gflops():.1f} GFLOP/s")
+    for m, k, n in GENERATION_SHAPES:
+        print(f"  [{m} x {k}] @ W^T, W [{n} x {k}]: {matmul_gflops(n, m=m, k=k):.1f} GFLOP/s")
 
 
 def world_segments(n: int, seed: int = 0, k: int = 1) -> tuple[list[str], list[str]]:
@@ -360,7 +377,7 @@ def bench_table(args) -> None:
         print_step_table([(r["label"], r) for r in records if r["matmul_flops_per_s"] == rate], rate)
 
 
-BENCHMARKS = {"scoring": bench_scoring, "step": bench_step, "table": bench_table}
+BENCHMARKS = {"scoring": bench_scoring, "step": bench_step, "table": bench_table, "gemm": bench_gemm}
 
 
 def main(argv=None) -> None:
