@@ -290,6 +290,7 @@ def test_memory_is_linear_in_batch_times_length(monkeypatch):
     # The backward takes 8 rows at a time (at the real vocabulary the default chunk is 65 rows, far
     # fewer than a batch's steps); its per-chunk [V_qe, rows] product is bounded by the chunk.
     monkeypatch.setattr(qeebm.qe.bridge, "_CHUNK_ENTRIES", 8 * v_nmt)
+    monkeypatch.setattr(qeebm.qe.bridge, "_CHUNK_MIN_ROWS", 1)
     g = torch.Generator().manual_seed(0)
     # Each translator token maps to one to three QE tokens (a synthetic NLLB -> XLM-R map).
     counts = torch.randint(1, 4, (v_nmt,), generator=g)
@@ -369,6 +370,7 @@ def test_zero_forward_product_has_the_straight_through_gradients(monkeypatch, ch
     from qeebm.qe.bridge import _zero_forward_product
 
     monkeypatch.setattr(qeebm.qe.bridge, "_CHUNK_ENTRIES", chunk_entries)
+    monkeypatch.setattr(qeebm.qe.bridge, "_CHUNK_MIN_ROWS", 1)
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(6, 11, generator=g, dtype=torch.float64).requires_grad_(True)
     table = torch.randn(11, 4, generator=g, dtype=torch.float64).requires_grad_(True)

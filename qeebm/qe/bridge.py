@@ -295,9 +295,12 @@ class Bridge(nn.Module):
 
 
 # --------------------------------------------------------------------------------- helpers
-# Rows of [rows, V_nmt] the straight-through backward handles at once: 2^24 entries (64 MiB in fp32;
-# 65 rows at NLLB's 256k vocabulary) keep its matrix products wide enough to run near the matmul rate.
-_CHUNK_ENTRIES = 1 << 24
+# Rows of [rows, V_nmt] the straight-through backward handles at once: 2^20 entries (4 MiB in fp32),
+# which glibc serves again from its heap (a fresh large block costs a page fault per 4 KiB: that
+# was most of the tiny world's energy backward), but at least 64 rows, so that the products with
+# NLLB's 256k-row table stay wide enough to run near the matmul rate (64 MiB a chunk there).
+_CHUNK_ENTRIES = 1 << 20
+_CHUNK_MIN_ROWS = 64
 
 
 class _ZeroForwardProduct(torch.autograd.Function):
@@ -324,7 +327,7 @@ class _ZeroForwardProduct(torch.autograd.Function):
         logits, steps, table = ctx.saved_tensors
         grad_logits = logits.new_zeros(logits.shape) if ctx.needs_input_grad[0] else None
         grad_table = torch.zeros_like(table) if ctx.needs_input_grad[2] else None
-        rows = max(1, _CHUNK_ENTRIES // logits.shape[-1])
+        rows = max(_CHUNK_MIN_ROWS, _CHUNK_ENTRIES // logits.shape[-1])
         for start in range(0, steps.numel(), rows):
             chunk, g = steps[start:start + rows], grad[start:start + rows]
             p = F.softmax(logits.index_select(0, chunk), dim=-1)  # [c, V_nmt]
