@@ -29,31 +29,30 @@ def term_gradient_stats(terms: dict[str, torch.Tensor], params: list[torch.nn.Pa
     params = [p for p in params if p.requires_grad]
     if not terms or not params:
         return {}
-    return gradient_stats({name: (lambda term=term: (1.0, _gradient(term, params))) for name, term in terms.items()},
-                          reference)
-
-
-def gradient_stats(gradients: dict, reference: str = REFERENCE_TERM) -> dict[str, float]:
-    """``term_gradient_stats`` from gradients in hand: ``gradients[name]()`` returns ``(scale, grads)``,
-    the term's gradient being ``scale * grads`` (one tensor per parameter, the same parameters in
-    the same order for every term). A method that already measured its terms' gradients unweighted
-    (QE-EBM's relative weighting) passes them with the terms' weights as scales."""
-    ref = gradients[reference]() if reference in gradients else None
-    ref_norm = abs(ref[0]) * grad_norm(ref[1]) if ref is not None else None
-    out: dict[str, float] = {}
-    if ref_norm is not None:
-        out[f"grad_{reference}"] = ref_norm
-    for name, get in gradients.items():
+    ref_grad = _gradient(terms[reference], params) if reference in terms else None
+    norms = {reference: grad_norm(ref_grad)} if ref_grad is not None else {}
+    dots = {}
+    for name, term in terms.items():
         if name == reference:
             continue
-        scale, grad = get()
-        norm = abs(scale) * grad_norm(grad)
-        out[f"grad_{name}"] = norm
-        if ref is not None:
-            dot = scale * ref[0] * sum(float(torch.sum(a.double() * b.double())) for a, b in zip(grad, ref[1]))
-            out[f"ratio_{name}"] = norm / ref_norm if ref_norm > 0 else math.inf
-            out[f"cos_{name}"] = dot / (norm * ref_norm) if norm > 0 and ref_norm > 0 else 0.0
+        grad = _gradient(term, params)
+        norms[name] = grad_norm(grad)
+        if ref_grad is not None:
+            dots[name] = grad_dot(grad, ref_grad)
         del grad
+    return gradient_stats(norms, dots, reference)
+
+
+def gradient_stats(norms: dict[str, float], dots: dict[str, float], reference: str = REFERENCE_TERM) -> dict[str, float]:
+    """``term_gradient_stats``'s numbers from the terms' gradient norms and each term's dot product
+    with the reference's gradient (absent without a reference term): for a method that measured its
+    terms' gradients anyway (QE-EBM's relative weighting)."""
+    out = {f"grad_{name}": norm for name, norm in norms.items()}
+    ref_norm = norms.get(reference)
+    for name, dot in dots.items():
+        norm = norms[name]
+        out[f"ratio_{name}"] = norm / ref_norm if ref_norm > 0 else math.inf
+        out[f"cos_{name}"] = dot / (norm * ref_norm) if norm > 0 and ref_norm > 0 else 0.0
     return out
 
 
@@ -92,4 +91,9 @@ def _gradient(term: torch.Tensor, params: list[torch.nn.Parameter]) -> list[torc
 
 def grad_norm(grads: list[torch.Tensor]) -> float:
     """The Euclidean norm of a gradient given as one tensor per parameter, summed in float64."""
-    return math.sqrt(sum(float(torch.sum(g.double() * g.double())) for g in grads))
+    return math.sqrt(grad_dot(grads, grads))
+
+
+def grad_dot(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+    """The dot product of two gradients given as one tensor per parameter, summed in float64."""
+    return sum(float(torch.sum(x.double() * y.double())) for x, y in zip(a, b))

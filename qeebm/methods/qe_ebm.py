@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from qeebm.config import Config, QeEbmConfig
-from qeebm.diagnostics import gradient_stats, grad_norm, term_gradients, with_known_gradient
+from qeebm.diagnostics import grad_dot, grad_norm, gradient_stats, term_gradients, with_known_gradient
 from qeebm.errors import QeebmError
 from qeebm.guards import check, hit_rates
 from qeebm.methods.base import Batch, Method, StepOutput
@@ -234,9 +234,11 @@ class QeEbm(Method):
         if measured is not None:
             # Both terms' gradients are in hand: the step's backward takes their weighted sum, not a
             # second pass through the QE and the translator.
-            params, g_ce, g_e = measured
-            # The loop's gradient diagnostics, from the same gradients (before they are combined).
-            stats = gradient_stats({"ce": lambda: (alpha, g_ce), "energy": lambda: (beta, g_e)})
+            params, g_ce, g_e, ce_norm, e_norm = measured
+            # The loop's gradient diagnostics of the weighted terms, from the same gradients (before
+            # they are combined): only their dot product is new.
+            stats = gradient_stats({"ce": alpha * ce_norm, "energy": beta * e_norm},
+                                   {"energy": alpha * beta * grad_dot(g_e, g_ce)})
             for a, g in zip(g_ce, g_e):
                 a.mul_(alpha).add_(g, alpha=beta)
             loss = with_known_gradient(loss, params, g_ce)
@@ -253,16 +255,17 @@ class QeEbm(Method):
         """beta = rho * ramp * alpha * |grad CE| / |grad E| (``weighting: relative``), the norms
         measured on this micro-batch when a measurement is due, else the last measurement's.
 
-        Returns beta and, when it measured, ``(params, grad CE, grad E)`` (graphs kept, ``.grad``
-        untouched), else None."""
+        Returns beta and, when it measured, ``(params, grad CE, grad E, |grad CE|, |grad E|)`` (this
+        process's gradients and norms; graphs kept, ``.grad`` untouched), else None."""
         c = self.c
         due = self.grad_ratio is None or (step != self.ratio_step and (step - 1) % c.rho_every == 0)
         measured = None
         if due:
             params = [p for p in self.model.parameters() if p.requires_grad]
             grads = term_gradients({"ce": ce, "energy": e}, params)
-            measured = (params, grads["ce"], grads["energy"])
-            norms = torch.tensor([grad_norm(grads["ce"]), grad_norm(grads["energy"])], dtype=torch.float64)
+            local = [grad_norm(grads["ce"]), grad_norm(grads["energy"])]
+            measured = (params, grads["ce"], grads["energy"], *local)
+            norms = torch.tensor(local, dtype=torch.float64)
             if torch.distributed.is_available() and torch.distributed.is_initialized():
                 # Every process must use the same beta (and save the same state).
                 torch.distributed.all_reduce(norms)
