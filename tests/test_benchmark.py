@@ -3,7 +3,12 @@ are charged exclusive time (on a fake clock)."""
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
 import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -108,3 +113,29 @@ def test_instrumented_models_still_sample_several_rows_a_source():
     finally:
         timer.restore()
     assert ids.shape[0] == 6
+
+
+def _thp_mode() -> str | None:
+    try:
+        return re.search(r"\[(\w+)\]", Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()).group(1)
+    except OSError:
+        return None
+
+
+@pytest.mark.skipif(_thp_mode() is None, reason="no transparent huge pages here")
+@pytest.mark.parametrize("setting", [None, "0"])
+def test_importing_qeebm_turns_on_torchs_huge_page_allocations_unless_the_user_said_no(setting):
+    env = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
+    if setting is not None:
+        env["THP_MEM_ALLOC_ENABLE"] = setting
+    # Under the kernel's "madvise" mode only an allocation torch advised gets huge pages: a touched
+    # 64 MB tensor then shows up in the process's AnonHugePages.
+    code = ("import qeebm, os, re, torch\n"
+            "def huge(): return int(re.search(r'AnonHugePages:\\s+(\\d+)', open('/proc/self/smaps_rollup').read()).group(1))\n"
+            "before = huge(); x = torch.ones(1 << 24)\n"
+            "print(os.environ['THP_MEM_ALLOC_ENABLE'], huge() - before >= 32 * 1024)")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    value, grew = out.stdout.split()
+    assert value == ("1" if setting is None else "0")
+    if _thp_mode() == "madvise":
+        assert grew == str(setting is None)
