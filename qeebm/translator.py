@@ -124,6 +124,29 @@ def eval_mode(module: torch.nn.Module, enabled: bool = True):
         module.train(was_training)
 
 
+@contextlib.contextmanager
+def output_rows(model: torch.nn.Module, keep: torch.Tensor):
+    """Inside the block ``model``'s output layer projects only the decoder positions where ``keep``
+    (``[B, T]`` bool, the decoder input's shape) is true, so ``.logits`` is ``[N, V]`` in row-major
+    order of ``keep``: the same rows as the full ``[B, T, V]`` logits at ``keep``, without the
+    vocabulary-sized rows of padding and of steps nobody reads (3/4 of a tiny QE-EBM replay).
+
+    ``model``: the translator's model (peft-wrapped or not); calls may still go through a DDP or
+    accelerate wrapper around it, since only its output layer's input is cut. Don't pass labels:
+    the model's own loss would expect the full layout."""
+    head = model.get_output_embeddings()
+
+    def pick(module, args):
+        hidden = args[0]
+        return (hidden[keep.to(hidden.device)],) + tuple(args[1:])
+
+    handle = head.register_forward_pre_hook(pick)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
 class _SuppressAfterCode:
     """A logits processor that removes ``ids`` from every step after the forced target code.
     transformers' own ``suppress_tokens`` acts at every step, and after the forced-BOS processor, so

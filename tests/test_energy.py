@@ -398,3 +398,28 @@ def test_qe_gradient_checkpointing_needs_the_packed_encoder(kiwi_path, translato
     qe.layerwise_attention.layer_norm = True  # not packable (see tests/test_qe_scoring.py)
     with pytest.raises(QeebmError, match="qe.gradient_checkpointing"):
         energy_for(qe, translators["nllb"], gradient_checkpointing=True)
+
+
+@pytest.mark.parametrize("relaxation", ["st", "softmax", "gumbel-st"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_energy_on_the_content_rows_equals_the_full_logits(kiwi, translators, family, relaxation):
+    """The energy takes the translator's logits at its content steps only ([N, V], as
+    ``output_rows`` makes them); value and gradient equal those of the full [B, T, V] logits."""
+    tr = translators[family]
+    energy = energy_for(kiwi, tr)
+    ids, mask = emitted(tr, TEXTS)
+    content = energy.bridge.content_mask(ids, mask)
+    assert content.sum() < 0.5 * content.numel()  # mostly padding and specials
+    full = torch.randn(*ids.shape, tr.model.config.vocab_size, generator=torch.Generator().manual_seed(0))
+    results = []
+    for logits in (full.clone().requires_grad_(True), full[content].clone().requires_grad_(True)):
+        e = energy(SRCS, ids, mask, logits, relaxation=relaxation, tau=0.7,
+                   generator=torch.Generator().manual_seed(3))
+        (e * torch.linspace(0.5, 1.5, len(e))).sum().backward()
+        results.append((e.detach(), logits.grad))
+    (e_full, g_full), (e_rows, g_rows) = results
+    assert (e_full - e_rows).abs().max() < 1e-6
+    assert g_full.abs().max() > 1e-3 and not g_full[~content].any()
+    assert (g_full[content] - g_rows).abs().max() < 1e-6
+    with pytest.raises(ValueError, match="content step"):
+        energy(SRCS, ids, mask, full[content][:-1])

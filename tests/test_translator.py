@@ -11,7 +11,7 @@ import torch
 from helpers import make_tiny_translator_dir, tiny_translator_dir
 from qeebm.config import GenerationConfig, LoraConfig, ModelConfig
 from qeebm.errors import QeebmError
-from qeebm.translator import Translator, translate_file
+from qeebm.translator import Translator, output_rows, translate_file
 
 FAMILIES = ["nllb", "mbart"]
 SRC = ["the cat sees 12 dogs.", "муур хот", "a big red house and a small river today!"]
@@ -394,3 +394,38 @@ def test_gradient_checkpointing_keeps_the_gradients(family, lora):
     for name in plain:
         assert (plain[name] - checkpointed[name]).abs().max() < 1e-6, name
     assert max(g.abs().max() for g in plain.values()) > 1e-3
+
+
+@pytest.mark.parametrize("lora", [False, True])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_output_rows_projects_only_the_kept_positions(family, lora, tmp_path):
+    """Logits and parameter gradients equal the full forward's at the kept positions; the hook
+    is gone after the block."""
+    kw = {"lora": LoraConfig(enabled=True, r=4, alpha=8, target_modules=["q_proj", "v_proj"])} if lora else {}
+    tr = load(make_tiny_translator_dir(tmp_path, family), dropout=0.0, **kw)
+    if lora:
+        perturb_lora(tr.model)
+    batch = tr.encode(SRC[:2], TGT)
+    keep = batch["labels"] != -100
+    keep[:, 0] = False  # the language code: a position nobody reads
+    weights = torch.randn(int(keep.sum()), generator=torch.Generator().manual_seed(0))
+    params = [p for p in tr.model.parameters() if p.requires_grad]
+
+    def run(rows: bool):
+        inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"],
+                  "decoder_input_ids": tr.decoder_inputs(batch["labels"])}
+        if rows:
+            with output_rows(tr.model, keep):
+                out = tr.model(**inputs).logits
+        else:
+            out = tr.model(**inputs).logits[keep]
+        loss = (out.log_softmax(-1)[:, 5] * weights).sum()
+        return out.detach(), torch.autograd.grad(loss, params)
+
+    full, g_full = run(False)
+    rows, g_rows = run(True)
+    assert rows.shape == (int(keep.sum()), tr.model.config.vocab_size)
+    assert (rows - full).abs().max() < 1e-5
+    assert max((a - b).abs().max().item() for a, b in zip(g_full, g_rows)) < 1e-5
+    assert tr.model(**{k: batch[k] for k in ("input_ids", "attention_mask")},
+                    decoder_input_ids=tr.decoder_inputs(batch["labels"])).logits.dim() == 3

@@ -50,7 +50,7 @@ from qeebm.methods.sft import label_smoothed_ce
 from qeebm.qe.dynamic import DynamicQE, heldout_path
 from qeebm.qe.dynamic import check_config as check_qe_config
 from qeebm.qe.energy import load_energy
-from qeebm.translator import eval_mode
+from qeebm.translator import eval_mode, output_rows
 
 if TYPE_CHECKING:
     from qeebm.qe.bridge import Alignment
@@ -213,8 +213,11 @@ class QeEbm(Method):
     def loss(self, r: QeEbmRollout) -> StepOutput:
         b = r.batch
         # decoder_input_ids replay the samples; labels alone would make mBART rotate a cut-off row.
-        tf_logits = self.model(input_ids=r.input_ids, attention_mask=r.attention_mask,
-                               decoder_input_ids=r.decoder_input_ids).logits  # [M*K, T, V]
+        # Projected onto the vocabulary only at the steps the energy reads.
+        content = self.energy.bridge.content_mask(r.mt_ids, r.mt_mask)
+        with output_rows(self.translator.model, content):
+            tf_logits = self.model(input_ids=r.input_ids, attention_mask=r.attention_mask,
+                                   decoder_input_ids=r.decoder_input_ids).logits  # [N, V]
         energy = self.energy(r.src, r.mt_ids, r.mt_mask, _upcast(tf_logits), relaxation=self.c.relaxation,
                              tau=self.c.tau, alignment=r.alignment)  # [M*K]
         e = (energy if r.keep is None else energy * r.keep).sum() / r.normaliser

@@ -105,7 +105,10 @@ class KiwiEnergy(nn.Module):
                  ``mt_ids[b, t]`` was drawn from ``softmax(logits[b, t])``. Language codes, ``</s>``
                  and padding may appear: special tokens never reach the QE.
         mt_mask: ``[B, T]`` 1 for emitted steps, 0 for padding.
-        logits:  ``[B, T, V_nmt]`` the translator's teacher-forced logits for those steps.
+        logits:  ``[B, T, V_nmt]`` the translator's teacher-forced logits for those steps, or only
+                 their content steps' rows ``[N, V_nmt]`` (row-major over
+                 ``self.bridge.content_mask(mt_ids, mt_mask)``, which are the only steps the energy
+                 reads: ``qeebm.translator.output_rows`` makes the translator compute just those).
         relaxation:
             "st" (default): the forward pass scores the one-hot of the emitted token (the exact QE
                 score of the decoded text); the backward pass is the identity onto softmax(logits).
@@ -126,16 +129,22 @@ class KiwiEnergy(nn.Module):
         """
         if relaxation not in RELAXATIONS:
             raise ValueError(f"relaxation must be one of {RELAXATIONS}, got {relaxation!r}")
-        if mt_ids.shape != mt_mask.shape or logits.shape[:2] != mt_ids.shape:
+        content = self.bridge.content_mask(mt_ids, mt_mask)
+        rows_ok = logits.shape[:2] == mt_ids.shape if logits.dim() == 3 else logits.shape[0] == int(content.sum())
+        if mt_ids.shape != mt_mask.shape or logits.dim() not in (2, 3) or not rows_ok:
             raise ValueError(f"shape mismatch: mt_ids {tuple(mt_ids.shape)}, mt_mask {tuple(mt_mask.shape)}, "
-                             f"logits {tuple(logits.shape)}")
+                             f"logits {tuple(logits.shape)} (3-D per step, or 2-D with one row per content step: "
+                             f"{int(content.sum())})")
         if len(src) != mt_ids.shape[0]:
             raise ValueError(f"{len(src)} sources for {mt_ids.shape[0]} translations")
-        relaxed, forward_ids = self._relax(logits, mt_ids, mt_mask, relaxation, tau, generator)
+        if logits.dim() == 3:
+            logits = logits[content.to(logits.device)]  # [N, V]: one code path for both layouts
+        relaxed, forward_ids = self._relax(logits, mt_ids, content, relaxation, tau, generator)
         if alignment is None or relaxation == "gumbel-st":
             alignment = self.align(forward_ids, mt_mask)
         self.last_alignment = alignment
-        return -self._score(src, alignment, relaxed=relaxed, forward_ids=forward_ids, relaxation=relaxation)
+        return -self._score(src, alignment, relaxed=relaxed, forward_ids=forward_ids, relaxation=relaxation,
+                            steps_read=content)
 
     @torch.no_grad()
     def score_ids(self, src: list[str], mt_ids: Tensor, mt_mask: Tensor, alignment: Alignment | None = None) -> Tensor:
@@ -156,22 +165,22 @@ class KiwiEnergy(nn.Module):
         return self.bridge.align(mt_ids, mt_mask, self.max_positions - 2)
 
     # ------------------------------------------------------------------------------ internals
-    def _relax(self, logits, mt_ids, mt_mask, relaxation, tau, generator):
-        """The logits whose softmax is the relaxed distribution (the bridge takes the softmax, only
-        where the QE reads it), and the tokens the forward pass scores."""
+    def _relax(self, logits, mt_ids, content, relaxation, tau, generator):
+        """The content steps' logits ``[N, V]`` whose softmax is the relaxed distribution (the bridge
+        takes the softmax, only where the QE reads it), and the tokens ``[B, T]`` the forward pass
+        scores."""
         if relaxation == "gumbel-st":
             # -log(Exp(1)) ~ Gumbel(0, 1); an exact 0 draw (one in 2^24 in float32, so a few per
             # batch at a 256k vocabulary) would give an infinite logit and a NaN softmax.
             exp = torch.empty_like(logits).exponential_(generator=generator)
             gumbel = -exp.clamp_min(torch.finfo(exp.dtype).tiny).log()
             perturbed = logits + gumbel
-            content = self.bridge.content_mask(mt_ids, mt_mask)
-            forward_ids = torch.where(content, perturbed.detach().argmax(-1), mt_ids)
+            forward_ids = mt_ids.masked_scatter(content.to(mt_ids.device), perturbed.detach().argmax(-1).to(mt_ids.device))
             return perturbed / tau, forward_ids
         return logits, mt_ids
 
     def _score(self, src: list[str], alignment: Alignment, relaxed: Tensor | None = None,
-               forward_ids: Tensor | None = None, relaxation: str = "st") -> Tensor:
+               forward_ids: Tensor | None = None, relaxation: str = "st", steps_read: Tensor | None = None) -> Tensor:
         tok = self.tokenizer
         max_positions = self.max_positions
         encoder = self.qe.encoder.model
@@ -197,7 +206,7 @@ class KiwiEnergy(nn.Module):
             # mt content starts right after <s>; build_inputs_with_special_tokens puts it there.
             # The longest mt segment always fits: it is at most max_positions - 4 tokens long.
             mt_len = max(1, max(len(m) for m in alignment.qe_ids))
-            shift = self.bridge.shift(weight, relaxed, forward_ids, alignment, mt_len, relaxation)
+            shift = self.bridge.shift(weight, relaxed, forward_ids, alignment, mt_len, relaxation, content=steps_read)
             embeds = embeds + F.pad(shift, (0, 0, 1, ids.shape[1] - 1 - mt_len))
 
         if packable(self.qe):
