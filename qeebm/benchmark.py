@@ -214,10 +214,12 @@ def instrument(timer: PhaseTimer) -> None:
     def bridge_flops(args, kwargs, out):
         # [U, V_nmt] @ table [V_nmt, H] over the U distinct translator steps the QE sees; the
         # straight-through relaxations need it in the backward pass only.
-        qe_embeddings, probs, alignment, length = args[1], args[2], args[4], args[5]
+        # The logits may be [B, T, V] or packed [N, V]: the steps come from forward_ids [B, T].
+        qe_embeddings, logits, forward_ids, alignment, length = args[1], args[2], args[3], args[4], args[5]
         relaxation = args[6] if len(args) > 6 else kwargs.get("relaxation", "st")
         rows, _, nmt_pos, _ = alignment.entries(length)
-        product = 2.0 * torch.unique(rows * probs.shape[1] + nmt_pos).numel() * probs.shape[2] * qe_embeddings.shape[1]
+        seen = torch.unique(rows * forward_ids.shape[1] + nmt_pos).numel()
+        product = 2.0 * seen * logits.shape[-1] * qe_embeddings.shape[1]
         return with_backward(out, product if relaxation == "softmax" else 0.0, product)
 
     timer.wrap_step(qeebm.loop, "train_step")
