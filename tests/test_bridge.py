@@ -315,7 +315,8 @@ def test_memory_is_linear_in_batch_times_length(monkeypatch):
         ids = torch.randint(0, v_nmt, (bsz, t_len), generator=g)
         weights = torch.randn(bsz, 2 * t_len, h, generator=g)
         with LiveMemory() as mem:
-            shift = bridge.shift(emb, logits, ids, al, 2 * t_len, "st")
+            shift = bridge.shift(emb, logits.view(-1, v_nmt), ids, al, 2 * t_len, "st",
+                                 content=torch.ones_like(ids, dtype=torch.bool))
             (shift * weights).sum().backward()
         assert logits.grad.abs().sum() > 0
         return mem
@@ -348,7 +349,8 @@ def test_frozen_table_product_equals_the_table():
     ids = torch.randint(0, v_nmt, (bsz, t_len), generator=g)
     upstream = torch.randn(bsz, t_len + 1, h, generator=g, dtype=torch.float64)
 
-    (bridge.shift(emb, logits, ids, al, t_len + 1, "st") * upstream).sum().backward()
+    (bridge.shift(emb, logits.view(-1, v_nmt), ids, al, t_len + 1, "st", content=torch.ones_like(ids, dtype=torch.bool))
+     * upstream).sum().backward()
     got, logits.grad = logits.grad, None
     assert bridge._table_cache is None
     table = bridge.table(emb)

@@ -181,15 +181,15 @@ class Bridge(nn.Module):
         return mt_mask.bool() & known & ~self.special.to(mt_ids.device)[ids]
 
     def shift(self, qe_embeddings: Tensor, logits: Tensor, forward_ids: Tensor, alignment: Alignment,
-              length: int, relaxation: str = "st", content: Tensor | None = None) -> Tensor:
+              length: int, relaxation: str = "st", *, content: Tensor) -> Tensor:
         """The per-position embedding shift ``[B, length, H]`` for the mt segment.
 
-        logits:      ``[B, T, V_nmt]`` whose softmax is the relaxed distribution p (the translator's
-                     logits, or Gumbel-perturbed logits over tau), or ``[N, V_nmt]``: the rows of the
-                     steps where ``content`` (``[B, T]`` bool) is true, in row-major order, which
-                     must include every step the alignment reads. The softmax is taken here, only for
-                     the steps the QE sees, and under "st" / "gumbel-st" only in the backward pass,
-                     a few rows at a time: no ``[B, T, V_nmt]`` tensor is kept for backward.
+        logits:      ``[N, V_nmt]`` whose softmax is the relaxed distribution p (the translator's
+                     logits, or Gumbel-perturbed logits over tau), one row per step where ``content``
+                     (``[B, T]`` bool) is true, in row-major order; ``content`` must include every
+                     step the alignment reads. The softmax is taken here, only for the steps the QE
+                     sees, and under "st" / "gumbel-st" only in the backward pass, a few rows at a
+                     time: no ``[B, T, V_nmt]`` tensor is kept for backward.
         forward_ids: ``[B, T]`` the translator tokens the forward pass scores.
         relaxation:  "st" / "gumbel-st": ``z - sg(z)`` (zero forward, identity backward);
                      "softmax": ``z - B[forward_ids]`` = (p - onehot) @ B, so on the identity path
@@ -199,9 +199,9 @@ class Bridge(nn.Module):
         """
         bsz, steps = forward_ids.shape
         h = qe_embeddings.shape[1]
-        if logits.dim() == 2 and (content is None or content.shape != forward_ids.shape
-                                  or int(content.sum()) != logits.shape[0]):
-            raise ValueError(f"{logits.shape[0]} rows of logits need a [B, T] content mask with as many steps")
+        if logits.dim() != 2 or content.shape != forward_ids.shape or int(content.sum()) != logits.shape[0]:
+            raise ValueError(f"logits {tuple(logits.shape)} need one row per true step of a [B, T] content mask "
+                             f"(content {tuple(content.shape)}, forward_ids {tuple(forward_ids.shape)})")
         if logits.shape[-1] != self.vocab_size:
             raise ValueError(f"logits have {logits.shape[-1]} classes, the bridge maps {self.vocab_size}")
         dev = logits.device
@@ -213,23 +213,19 @@ class Bridge(nn.Module):
             return out + 0.0 * logits.sum().to(out.dtype)
         # Only the translator steps the QE sees are multiplied, each once: [U, V_nmt] @ [V_nmt, H].
         steps_seen, which = torch.unique(rows * steps + nmt_pos, return_inverse=True)
-        if logits.dim() == 2:
-            flat = logits
-            # a step's row among the content rows
-            at = (content.to(dev).reshape(-1).long().cumsum(0) - 1).index_select(0, steps_seen)
-        else:
-            flat, at = logits.reshape(bsz * steps, -1), steps_seen
+        # a step's row among the content rows
+        at = (content.to(dev).reshape(-1).long().cumsum(0) - 1).index_select(0, steps_seen)
         if relaxation == "softmax":
             table = self.table(qe_embeddings)  # [V_nmt, H]
-            p = F.softmax(flat.index_select(0, at), dim=-1).to(qe_embeddings.dtype)
+            p = F.softmax(logits.index_select(0, at), dim=-1).to(qe_embeddings.dtype)
             d = p @ table - table[forward_ids.to(dev).reshape(-1).index_select(0, steps_seen)]
         elif relaxation in ("st", "gumbel-st"):
             if qe_embeddings.requires_grad and torch.is_grad_enabled():
-                d = _zero_forward_product(flat, at, self.table(qe_embeddings), None)
+                d = _zero_forward_product(logits, at, self.table(qe_embeddings), None)
             else:
                 # A frozen QE: the backward's g @ B^T is taken through the sparse map, so the
                 # [V_nmt, H] table (1 GB for NLLB into InfoXLM) is never built nor kept.
-                d = _zero_forward_product(flat, at, qe_embeddings.new_empty(0, h),
+                d = _zero_forward_product(logits, at, qe_embeddings.new_empty(0, h),
                                           lambda g: self.times_table_t(g, qe_embeddings))
         else:
             raise ValueError(f"unknown relaxation {relaxation!r}")
