@@ -202,21 +202,52 @@ class _Nucleus:
         return out
 
 
+# Tokens a block of the two-level inverse-CDF search: one float64 sum a block, then one short
+# cumulative sum inside the block the uniform falls in.
+_DRAW_BLOCK = 64
+
+
+def inverse_cdf(probs: torch.Tensor) -> torch.Tensor:
+    """One token a row of ``probs`` (``[B, V]``, each row summing to about 1), ``[B, 1]`` long, by
+    inverse transform sampling: one uniform in [0, 1) a row from torch's generator, scaled to the
+    row's total, and the first token whose cumulative probability exceeds it.
+
+    The cumulative probabilities are float64 but never made whole: the row's blocks of
+    ``_DRAW_BLOCK`` tokens are summed (float64), the uniform picks a block from their running sum, and
+    only that block's tokens are summed one by one. A whole-row float64 ``cumsum`` was most of the
+    draw's time (a fresh 2 MB tensor a token in the tiny world); this is the same search up to float64
+    rounding. A token of probability zero is never drawn: its cumulative sum equals its predecessor's,
+    a block without mass is never picked, and the uniform is kept strictly below the total (a
+    product that rounds up to it would otherwise run past the last token with mass)."""
+    b, v = probs.shape
+    full, tail = divmod(v, _DRAW_BLOCK)
+    mass = probs[:, : full * _DRAW_BLOCK].unflatten(-1, (full, _DRAW_BLOCK)).sum(-1, dtype=torch.float64)
+    if tail:
+        mass = torch.cat([mass, probs[:, full * _DRAW_BLOCK :].sum(-1, keepdim=True, dtype=torch.float64)], -1)
+    upto = mass.cumsum(-1)  # [B, blocks]: the mass up to the end of each block
+    total = upto[:, -1:]
+    u = torch.rand(b, 1, dtype=torch.float64, device=probs.device) * total
+    u = torch.minimum(u, torch.nextafter(total, torch.zeros_like(total)))
+    block = torch.searchsorted(upto, u, right=True)  # [B, 1]
+    cols = block * _DRAW_BLOCK + torch.arange(_DRAW_BLOCK, device=probs.device)
+    local = probs.gather(-1, cols.clamp(max=v - 1)).double().masked_fill_(cols >= v, 0.0)
+    before = upto.gather(-1, (block - 1).clamp(min=0)).masked_fill_(block == 0, 0.0)
+    at = torch.searchsorted(before + local.cumsum(-1), u, right=True)
+    # The block's sum and its running sum may round apart: never step past its last token with mass.
+    last = _DRAW_BLOCK - 1 - (local.flip(-1) > 0).int().argmax(-1, keepdim=True)
+    return block * _DRAW_BLOCK + torch.minimum(at, last)
+
+
 class _Draw:
     """The last sampling processor: draws each row's next token from the softmax of the processed
-    scores by inverse transform sampling (one uniform in [0, 1) per row from torch's generator, and a
-    binary search of the cumulative probabilities, summed in float64) and leaves only that token
-    finite, so greedy search emits it. The distribution is the one transformers' sampling draws from;
-    the draws differ: torch.multinomial draws one exponential per vocabulary entry and row (the
-    Gumbel-max trick), which on a CPU was half of a tiny-world rollout and grows with a 256k
-    vocabulary. A token of probability zero is never drawn: its cumulative sum equals its
-    predecessor's, and the search returns the first entry above the uniform. generate's
-    ``output_scores`` are then these one-token rows; sampler "multinomial" keeps the distribution."""
+    scores with ``inverse_cdf`` and leaves only that token finite, so greedy search emits it. The
+    distribution is the one transformers' sampling draws from; the draws differ: torch.multinomial
+    draws one exponential per vocabulary entry and row (the Gumbel-max trick), which on a CPU was half
+    of a tiny-world rollout and grows with a 256k vocabulary. generate's ``output_scores`` are then
+    these one-token rows; sampler "multinomial" keeps the distribution."""
 
     def __call__(self, input_ids: torch.Tensor | None, scores: torch.Tensor) -> torch.Tensor:
-        cdf = scores.softmax(-1).double().cumsum(-1)  # [B, V]
-        u = torch.rand(scores.shape[0], 1, dtype=torch.float64, device=scores.device) * cdf[:, -1:]
-        token = torch.searchsorted(cdf, u, right=True).clamp_(max=scores.shape[-1] - 1)
+        token = inverse_cdf(scores.softmax(-1))
         return torch.full_like(scores, float("-inf")).scatter_(-1, token, 0.0)
 
 

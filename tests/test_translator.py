@@ -333,6 +333,43 @@ def test_draw_samples_the_softmax_and_never_a_removed_token():
     assert ((counts - n * probs.double()).abs() <= 4 * sd + 1e-9).all(), counts
 
 
+def test_blocked_inverse_cdf_is_the_whole_row_search(monkeypatch):
+    """The two-level search draws what a search of the whole row's float64 cumulative sum draws from
+    the same uniforms: rows with removed tokens, empty blocks, all the mass in the short last block,
+    and a vocabulary that is not a multiple of the block."""
+    from qeebm.translator import _DRAW_BLOCK, inverse_cdf
+
+    g = torch.Generator().manual_seed(0)
+    v = 5 * _DRAW_BLOCK + 7
+    scores = torch.randn(3000, v, generator=g) * 3
+    scores[torch.rand(scores.shape, generator=g) < 0.3] = float("-inf")
+    scores[:500, : 2 * _DRAW_BLOCK] = float("-inf")  # empty leading blocks
+    scores[500:1000, : 5 * _DRAW_BLOCK] = float("-inf")  # only the short last block has mass
+    scores[500:1000, -1] = 0.0
+    probs = scores.softmax(-1)
+    torch.manual_seed(7)
+    got = inverse_cdf(probs)
+    torch.manual_seed(7)
+    cdf = probs.double().cumsum(-1)
+    want = torch.searchsorted(cdf, torch.rand(len(probs), 1, dtype=torch.float64) * cdf[:, -1:], right=True)
+    assert torch.equal(got, want)
+    assert bool((probs.gather(-1, got) > 0).all())
+    # A uniform at the very top of the range still lands on the last token with mass, not past it:
+    # also in rows whose last block sums, one by one, to less than its block sum, where that uniform
+    # would search past the block's end.
+    top = torch.zeros(1, v)
+    top[0, [3, _DRAW_BLOCK + 1]] = 0.5
+    p = torch.rand(20000, 2 * _DRAW_BLOCK, generator=g) ** 4
+    p = p / p.sum(-1, keepdim=True)
+    upto = p.unflatten(-1, (2, _DRAW_BLOCK)).sum(-1, dtype=torch.float64).cumsum(-1)
+    one_by_one = upto[:, 0] + p[:, _DRAW_BLOCK:].double().cumsum(-1)[:, -1]
+    short = p[one_by_one < torch.nextafter(upto[:, 1], torch.zeros_like(upto[:, 1]))]
+    assert len(short) > 0
+    monkeypatch.setattr(torch, "rand", lambda *size, dtype=None, device=None: torch.ones(size, dtype=dtype))
+    assert inverse_cdf(top).item() == _DRAW_BLOCK + 1
+    assert torch.equal(inverse_cdf(short).flatten(), torch.full((len(short),), 2 * _DRAW_BLOCK - 1))
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("setting", [dict(), dict(temperature=0.7, top_k=20, top_p=0.9), dict(temperature=1.3, epsilon=1e-3)])
 def test_inverse_cdf_sampling_is_transformers_sampling_with_that_draw(family, setting, monkeypatch):
@@ -348,12 +385,9 @@ def test_inverse_cdf_sampling_is_transformers_sampling_with_that_draw(family, se
     torch.manual_seed(3)
     a = tr.generate_ids(enc["input_ids"], enc["attention_mask"], ours, num_return_sequences=4)
 
-    def inverse_cdf(probs, num_samples):
-        cdf = probs.double().cumsum(-1)
-        u = torch.rand(probs.shape[0], 1, dtype=torch.float64) * cdf[:, -1:]
-        return torch.searchsorted(cdf, u, right=True).clamp_(max=probs.shape[-1] - 1)
+    from qeebm.translator import inverse_cdf
 
-    monkeypatch.setattr(gen_utils.torch, "multinomial", inverse_cdf)
+    monkeypatch.setattr(gen_utils.torch, "multinomial", lambda probs, num_samples: inverse_cdf(probs))
     torch.manual_seed(3)
     b = tr.generate_ids(enc["input_ids"], enc["attention_mask"], dataclasses.replace(ours, sampler="multinomial"),
                         num_return_sequences=4)
