@@ -331,9 +331,14 @@ def test_memory_is_linear_in_batch_times_length(monkeypatch):
     assert large.peak > 1.5 * small.peak  # the measurement does see the batch-sized tensors
 
 
-def test_frozen_table_product_equals_the_table():
+@pytest.mark.parametrize("table_max_bytes", [0, 1 << 26])  # through the sparse map; the cached table
+def test_frozen_table_product_equals_the_table(monkeypatch, table_max_bytes):
     """With a frozen QE the straight-through backward multiplies by ``B^T`` through the sparse map
-    instead of the table: same gradient (float64, 1e-12), and the table is never built."""
+    when the table would be large, and by the cached table when it is small: the gradient of the
+    explicit product either way (float64, 1e-12), and a large table is never built."""
+    import qeebm.qe.bridge
+
+    monkeypatch.setattr(qeebm.qe.bridge, "_TABLE_MAX_BYTES", table_max_bytes)
     g = torch.Generator().manual_seed(1)
     v_nmt, v_qe, h, bsz, t_len = 13, 9, 5, 3, 4
     counts = torch.randint(0, 3, (v_nmt,), generator=g)  # empty bags: rows of B that are zero
@@ -352,7 +357,7 @@ def test_frozen_table_product_equals_the_table():
     (bridge.shift(emb, logits.view(-1, v_nmt), ids, al, t_len + 1, "st", content=torch.ones_like(ids, dtype=torch.bool))
      * upstream).sum().backward()
     got, logits.grad = logits.grad, None
-    assert bridge._table_cache is None
+    assert (bridge._table_cache is None) == (table_max_bytes == 0)
     table = bridge.table(emb)
     z = torch.softmax(logits, -1).reshape(bsz * t_len, v_nmt) @ table
     d = (z - z.detach()).view(bsz, t_len, h)

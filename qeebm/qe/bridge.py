@@ -41,7 +41,7 @@ offset-aligned path.
 
 Memory: the alignment is a list of ``(row, j, t, w)`` triples (linear in batch x length). Under the
 straight-through relaxations the softmax is recomputed in the backward pass a few rows at a time,
-and with a frozen QE the table is never built (``B``'s products go through the sparse map); ``B``
+and with a frozen QE a large table is never built (``B``'s products go through the sparse map); ``B``
 (``[V_nmt, H]``) exists only where it must: the "softmax" relaxation (cached while ``E_qe`` is
 frozen) and a QE whose embeddings train. No ``[B, T, V_qe]`` and no ``[V_nmt, V_qe]`` tensor is ever
 built.
@@ -169,10 +169,12 @@ class Bridge(nn.Module):
     def times_table_t(self, grad: Tensor, qe_embeddings: Tensor) -> Tensor:
         """``grad @ B^T`` (``[c, H]`` -> ``[c, V_nmt]``) without ``B``: row v of ``B`` is
         ``sum_k w_vk E_qe[u_vk]``, so column v of the product is the same weighted sum over the
-        columns of ``grad @ E_qe^T`` (``[c, V_qe]``), one embedding bag over its transpose."""
+        columns of ``grad @ E_qe^T`` (``[c, V_qe]``), one embedding bag over its transpose. The result
+        is made contiguous: the softmax Jacobian's three passes over a transposed ``[c, V_nmt]`` were
+        3x slower than one copy and the passes."""
         per_qe = qe_embeddings @ grad.to(qe_embeddings.dtype).T  # [V_qe, c]
         return F.embedding_bag(self.map_ids, per_qe, self.map_offsets[:-1], mode="sum",
-                               per_sample_weights=self.map_weights.to(per_qe.dtype)).T
+                               per_sample_weights=self.map_weights.to(per_qe.dtype)).T.contiguous()
 
     def content_mask(self, mt_ids: Tensor, mt_mask: Tensor) -> Tensor:
         """``[B, T]`` bool: steps whose token reaches the decoded text (masked in, not special)."""
@@ -220,11 +222,12 @@ class Bridge(nn.Module):
             p = F.softmax(logits.index_select(0, at), dim=-1).to(qe_embeddings.dtype)
             d = p @ table - table[forward_ids.to(dev).reshape(-1).index_select(0, steps_seen)]
         elif relaxation in ("st", "gumbel-st"):
-            if qe_embeddings.requires_grad and torch.is_grad_enabled():
+            table_bytes = self.vocab_size * h * qe_embeddings.element_size()
+            if (qe_embeddings.requires_grad and torch.is_grad_enabled()) or table_bytes <= _TABLE_MAX_BYTES:
                 d = _zero_forward_product(logits, at, self.table(qe_embeddings), None)
             else:
-                # A frozen QE: the backward's g @ B^T is taken through the sparse map, so the
-                # [V_nmt, H] table (1 GB for NLLB into InfoXLM) is never built nor kept.
+                # A frozen QE with a large table: the backward's g @ B^T is taken through the sparse
+                # map, so the [V_nmt, H] table (1 GB for NLLB into InfoXLM) is never built nor kept.
                 d = _zero_forward_product(logits, at, qe_embeddings.new_empty(0, h),
                                           lambda g: self.times_table_t(g, qe_embeddings))
         else:
@@ -301,6 +304,11 @@ class Bridge(nn.Module):
 
 
 # --------------------------------------------------------------------------------- helpers
+# A frozen QE's bridge table is built (and cached) for the straight-through backward when it is at
+# most this large: g @ B^T is then one dense product with a contiguous result. Through the sparse
+# map it is a product with E_qe, a bag over its transpose and a transposed result, which made the
+# tiny world's energy backward about 3x slower; a 256k-row table of width 1024 (1 GB) keeps that path.
+_TABLE_MAX_BYTES = 64 << 20
 # Rows of [rows, V_nmt] the straight-through backward handles at once: 2^20 entries (4 MiB in fp32),
 # which glibc serves again from its heap (a fresh large block costs a page fault per 4 KiB: that
 # was most of the tiny world's energy backward), but at least 64 rows, so that the products with
