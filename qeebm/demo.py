@@ -96,7 +96,7 @@ def run_overrides(name: str, world: Path, run_dir: Path, b: dict, seed: int, bas
     return protocol_overrides(world, run_dir, b, seed, base) + extra
 
 
-def _train_worker(name: str, recipe: str, overrides: list[str]) -> tuple[str, float]:
+def train_worker(name: str, recipe: str, overrides: list[str]) -> tuple[str, float]:
     torch.set_num_threads(1)
     # force: a worker process trains several runs in turn, each logging under its own name.
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {name} %(name)s %(levelname)s %(message)s",
@@ -184,7 +184,7 @@ def train_runs(run_dirs: dict, world: Path, b: dict, base: str, seed: int | None
     # the longest, started last and ran alone for about 4 of the demo's 24 minutes at stop 26).
     order = sorted(run_dirs.items(), key=lambda item: -EXPECTED_SECONDS.get(item[0][0], 0.0))
     with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = [pool.submit(_train_worker, f"{name}/{key}", tiny_recipe(name),
+        futures = [pool.submit(train_worker, f"{name}/{key}", tiny_recipe(name),
                                run_overrides(name, world, d, b, key if seed is None else seed, base)
                                + list((extra or {}).get((name, key), [])))
                    for (name, key), d in order]

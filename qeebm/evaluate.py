@@ -143,12 +143,12 @@ def check_trained_on(trained_on: Optional[str], spec: MetricSpec) -> None:
 def check_qe_models(spec: MetricSpec, names: Sequence[str]) -> None:
     """Find every selected QE checkpoint now, before the test set is translated: a hub id that is
     not cached fails here, in seconds, with load_qe's message."""
-    from qeebm.qe.models import _resolve_checkpoint
+    from qeebm.qe.models import resolve_checkpoint
 
     models = spec.qe_models()
     for name in names:
         if name in models:
-            _resolve_checkpoint(models[name])
+            resolve_checkpoint(models[name])
 
 
 # ----------------------------------------------------------------------------------------------

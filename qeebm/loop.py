@@ -482,12 +482,12 @@ def check_config(cfg, world: int) -> None:
         if unknown:
             raise QeebmError(f"{key} has unknown metrics {unknown}; choose from {', '.join(allowed)}")
     if cfg.data.dev.path:
-        from qeebm.qe.models import _resolve_checkpoint
+        from qeebm.qe.models import resolve_checkpoint
 
         for name in validation_qe_metrics(cfg):
             # A missing QE fails now, not at the first validation.
             try:
-                _resolve_checkpoint(qe_metric_path(cfg, name))
+                resolve_checkpoint(qe_metric_path(cfg, name))
             except QeebmError as err:
                 raise QeebmError(f"validation metric '{name}': {err}") from None
     if cfg.logging.every < 1:

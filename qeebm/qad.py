@@ -360,6 +360,6 @@ def selection_from_args(args, models: dict) -> Optional[Selection]:
 def check_selection_model(selection: Optional[Selection]) -> None:
     """Find the selection's QE or COMET checkpoint now, before anything is translated."""
     if selection is not None and selection.model:
-        from qeebm.qe.models import _resolve_checkpoint
+        from qeebm.qe.models import resolve_checkpoint
 
-        _resolve_checkpoint(selection.model)
+        resolve_checkpoint(selection.model)

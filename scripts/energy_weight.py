@@ -25,7 +25,7 @@ except ImportError:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from qeebm.config import data_path_overrides
-from qeebm.demo import CONFIGS, _train_worker
+from qeebm.demo import CONFIGS, train_worker
 from qeebm.runlog import read_metrics
 
 KEYS = ("diag/grad_ce", "diag/grad_energy", "diag/ratio_energy", "diag/cos_energy", "qe-ebm/beta",
@@ -50,7 +50,7 @@ def run(world: Path, run_dir: Path, steps: int, extra: list[str]) -> dict[str, f
         "logging.report_to=[]",
         *extra,
     ]
-    _train_worker(run_dir.name, "tiny_qe-ebm-static.yaml", overrides)
+    train_worker(run_dir.name, "tiny_qe-ebm-static.yaml", overrides)
     rows = [r for r in read_metrics(run_dir) if "diag/ratio_energy" in r]  # the training records
     return {k: statistics.fmean(r[k] for r in rows) for k in KEYS if rows and all(k in r for r in rows)}
 

@@ -36,7 +36,7 @@ except ImportError:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from qeebm.config import data_path_overrides
-from qeebm.demo import _train_worker
+from qeebm.demo import train_worker
 from qeebm.runlog import read_metrics, validations
 
 # name -> (recipe, overrides): every variant optimises Kiwi alone.
@@ -175,7 +175,7 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     runs = {(name, lr): out / f"{name}-lr{lr:g}" for name in names for lr in lrs}
     with ProcessPoolExecutor(max_workers=args.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = [pool.submit(_train_worker, f"{name}/lr{lr:g}", VARIANTS[name][0], overrides(name, lr, args, d))
+        futures = [pool.submit(train_worker, f"{name}/lr{lr:g}", VARIANTS[name][0], overrides(name, lr, args, d))
                    for (name, lr), d in runs.items() if not (d / "final").is_dir()]
         start_row = pool.submit(step0, args)
         for future in futures:

@@ -29,7 +29,7 @@ try:
 except ImportError:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from qeebm.demo import _train_worker, budget, run_overrides, tiny_recipe
+from qeebm.demo import train_worker, budget, run_overrides, tiny_recipe
 
 QES = ("kiwi-weak", "kiwi-medium", "kiwi")
 METHODS = ("qe-ebm-static", "reinforce")
@@ -61,7 +61,7 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     runs = {("sft", "-"): out / "sft"} | {(m, q): out / f"{m}-{q}" for m in METHODS for q in QES}
     with ProcessPoolExecutor(max_workers=args.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = [pool.submit(_train_worker, f"{m}/{q}", tiny_recipe(m),
+        futures = [pool.submit(train_worker, f"{m}/{q}", tiny_recipe(m),
                                run_overrides(m, world, d, b, seed=42) + ["eval.metric=chrf", "eval.also_best=[chrf]"]
                                + ([f"qe.path={world / 'qe' / q}"] if q != "-" else []))
                    for (m, q), d in runs.items() if not (d / "final").is_dir()]

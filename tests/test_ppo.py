@@ -19,7 +19,7 @@ from qeebm import rl
 from qeebm.checkpoint import latest_checkpoint, step_dir
 from qeebm.config import PPOConfig, load_config
 from qeebm.loop import train
-from qeebm.methods import reinforce
+from qeebm.methods import common, reinforce
 from qeebm.methods.base import Batch
 from qeebm.methods.ppo import PPO
 from qeebm.translator import Translator
@@ -42,7 +42,7 @@ class LengthScorer:
 
 @pytest.fixture
 def toy_reward(monkeypatch):
-    monkeypatch.setattr(reinforce, "build_scorer", lambda cfg, device: LengthScorer())
+    monkeypatch.setattr(common, "build_scorer", lambda cfg, device: LengthScorer())
 
 
 def method_state(run_dir: Path, step: int | None = None) -> dict:

@@ -19,7 +19,7 @@ from qeebm.config import GenerationConfig
 from qeebm.data import write_tsv
 from qeebm.errors import QeebmError
 from qeebm.loop import count_label_tokens, load_data, load_mono, make_batch, train
-from qeebm.methods import METHODS, reinforce
+from qeebm.methods import METHODS, common
 from qeebm.qad import generate_candidates
 from qeebm.translator import Translator
 
@@ -49,7 +49,7 @@ class LengthScorer:
 
 @pytest.fixture
 def length_scorer(monkeypatch):
-    monkeypatch.setattr(reinforce, "build_scorer", lambda cfg, device: LengthScorer())
+    monkeypatch.setattr(common, "build_scorer", lambda cfg, device: LengthScorer())
 
 
 def build(cfg):

@@ -15,7 +15,7 @@ from ddp_parity import make_config, read_metrics, write_tiny_world_with_mono
 from helpers import tiny_texts, tiny_translator_dir
 from qeebm.checkpoint import latest_checkpoint
 from qeebm.loop import train
-from qeebm.methods import reinforce
+from qeebm.methods import common, reinforce
 from qeebm.methods.reinforce import Reinforce, ReinforceRollout
 from qeebm import rl
 from qeebm.rl import RunningMeanBaseline
@@ -41,7 +41,7 @@ class ToyScorer:
 
 @pytest.fixture
 def toy_reward(monkeypatch):
-    monkeypatch.setattr(reinforce, "build_scorer", lambda cfg, device: ToyScorer())
+    monkeypatch.setattr(common, "build_scorer", lambda cfg, device: ToyScorer())
 
 
 @pytest.mark.parametrize("family", ["nllb", "mbart"])
@@ -199,7 +199,7 @@ def test_the_reward_offers_its_qe_to_validation(base, tmp_path, monkeypatch):
     cfg = make_config(base, tmp_path / "run", "method=reinforce", "qe.path=some/kiwi")
     translator = SimpleNamespace(device=torch.device("cpu"), num_tokens=len)
     model = torch.nn.Linear(1, 1)
-    monkeypatch.setattr(reinforce, "build_scorer", lambda cfg, device: SimpleNamespace(model=model))
-    assert reinforce.QEReward(cfg, translator, False).frozen_qes() == {"some/kiwi": model}
-    monkeypatch.setattr(reinforce, "build_scorer", lambda cfg, device: ToyScorer())
-    assert reinforce.QEReward(cfg, translator, False).frozen_qes() == {}
+    monkeypatch.setattr(common, "build_scorer", lambda cfg, device: SimpleNamespace(model=model))
+    assert common.QEReward(cfg, translator, False).frozen_qes() == {"some/kiwi": model}
+    monkeypatch.setattr(common, "build_scorer", lambda cfg, device: ToyScorer())
+    assert common.QEReward(cfg, translator, False).frozen_qes() == {}

@@ -44,9 +44,8 @@ from qeebm.config import Config
 from qeebm.errors import QeebmError
 from qeebm.guards import GuardResult, hit_rates
 from qeebm.methods.base import Batch, Method, StepOutput
-from qeebm.methods.reinforce import QEReward, check_static_qe
+from qeebm.methods.common import QEReward, check_static_qe, label_smoothed_ce
 from qeebm.methods.sampling import Samples, mono_sources, sample, sampling_config
-from qeebm.methods.sft import label_smoothed_ce
 from qeebm.rl import (
     AdaptiveKLController,
     FixedKLController,

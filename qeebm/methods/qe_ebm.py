@@ -45,8 +45,8 @@ from qeebm.diagnostics import grad_dot, grad_norm, gradient_stats, term_gradient
 from qeebm.errors import QeebmError
 from qeebm.guards import check, hit_rates
 from qeebm.methods.base import Batch, Method, StepOutput
+from qeebm.methods.common import label_smoothed_ce, upcast
 from qeebm.methods.sampling import mono_sources, sample, sampling_config
-from qeebm.methods.sft import label_smoothed_ce
 from qeebm.qe.dynamic import DynamicQE, heldout_path
 from qeebm.qe.dynamic import check_config as check_qe_config
 from qeebm.qe.energy import load_energy
@@ -74,11 +74,6 @@ def schedule(step: int, c: QeEbmConfig) -> tuple[float, float]:
     beta = c.beta_max * ramp(step, c)
     alpha = c.alpha if c.alpha is not None else max(0.0, 1.0 - c.alpha_coupling * beta)
     return alpha, beta
-
-
-def _upcast(t: torch.Tensor) -> torch.Tensor:
-    # Half-precision logits (mixed precision) are unsafe for softmax/CE; double stays double (tests).
-    return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
 
 
 def _same_text(a: str, b: str) -> bool:
@@ -218,7 +213,7 @@ class QeEbm(Method):
         with output_rows(self.translator.model, content):
             tf_logits = self.model(input_ids=r.input_ids, attention_mask=r.attention_mask,
                                    decoder_input_ids=r.decoder_input_ids).logits  # [N, V]
-        energy = self.energy(r.src, r.mt_ids, r.mt_mask, _upcast(tf_logits), relaxation=self.c.relaxation,
+        energy = self.energy(r.src, r.mt_ids, r.mt_mask, upcast(tf_logits), relaxation=self.c.relaxation,
                              tau=self.c.tau, alignment=r.alignment)  # [M*K]
         e = (energy if r.keep is None else energy * r.keep).sum() / r.normaliser
         alpha, beta = r.alpha, r.beta
@@ -227,7 +222,7 @@ class QeEbm(Method):
         measured = stats = None
         if alpha > 0:
             # The CE term exactly as method 'sft' computes it, so beta = 0 is SFT bit for bit.
-            ce, _ = label_smoothed_ce(self.model, b, self.label_smoothing, upcast=_upcast)
+            ce, _ = label_smoothed_ce(self.model, b, self.label_smoothing, upcast=upcast)
             metrics["qe-ebm/ce"] = ce.item()
             if self.c.weighting == "relative":
                 beta, measured = self.relative_beta(b.step, alpha, ce, e)
@@ -314,7 +309,7 @@ class QeEbm(Method):
         mode, like the sampler)."""
         with eval_mode(self.translator.model) as model:
             logits = model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids).logits
-        nll = F.cross_entropy(_upcast(logits).transpose(1, 2), labels, ignore_index=-100,
+        nll = F.cross_entropy(upcast(logits).transpose(1, 2), labels, ignore_index=-100,
                               label_smoothing=self.q.label_smoothing, reduction="none")  # [B, T]
         return -nll.sum(1) / (labels != -100).sum(1).clamp(min=1)
 

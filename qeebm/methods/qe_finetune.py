@@ -30,10 +30,10 @@ import torch
 
 from qeebm.config import Config, GenerationConfig
 from qeebm.errors import QeebmError
-from qeebm.methods import reinforce
+from qeebm.methods import common
 from qeebm.methods.base import Batch, Method, StepOutput
+from qeebm.methods.common import label_smoothed_ce
 from qeebm.methods.sampling import mono_sources
-from qeebm.methods.sft import label_smoothed_ce
 from qeebm.qad import CHRF, Choice, Selection, generate_candidates
 
 log = logging.getLogger(__name__)
@@ -58,7 +58,7 @@ class QeFinetune(Method):
     def check_config(cls, cfg: Config) -> None:
         c = cfg.qe_finetune
         if c.selection == "rerank":
-            reinforce.check_static_qe(cfg)
+            common.check_static_qe(cfg)
         if c.num_candidates < 1 or c.num_beams < 1:
             raise QeebmError(f"qe_finetune.num_candidates and num_beams must be at least 1; got "
                              f"{c.num_candidates} and {c.num_beams}")
@@ -79,7 +79,7 @@ class QeFinetune(Method):
             num_beams=c.num_beams, max_new_tokens=c.max_new_tokens, temperature=c.temperature, top_k=c.top_k,
             top_p=c.top_p, epsilon=c.epsilon))
         # Reranking goes through the RL baselines' scorer (tests swap in a toy one there).
-        scorer = reinforce.build_scorer(cfg, translator.device) if c.selection == "rerank" else None
+        scorer = common.build_scorer(cfg, translator.device) if c.selection == "rerank" else None
         self.select = self.selection.selector(translator.device, scorer)
         # The loop builds the method before it restores a checkpoint: this copy starts as the initial model.
         self.teacher = copy.deepcopy(translator.model).eval().requires_grad_(False)

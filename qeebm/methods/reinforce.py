@@ -16,7 +16,7 @@ Per optimiser step (docs/method.md, "The baselines"; docs/rl_baselines.md for wh
    was sampled.
 No KL term, as published.
 
-``QEReward`` and ``sample`` are shared with PPO (methods/ppo.py).
+The reward (``methods.common.QEReward``) and the sampler (``methods.sampling``) are shared with PPO.
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ import torch
 
 from qeebm.config import Config
 from qeebm.errors import QeebmError
-from qeebm.guards import GuardResult, check, hit_rates
+from qeebm.guards import GuardResult, hit_rates
 from qeebm.methods.base import Batch, Method, StepOutput
+from qeebm.methods.common import QEReward, check_static_qe, label_smoothed_ce
 from qeebm.methods.sampling import Samples, mono_sources, sample, sampling_config
-from qeebm.methods.sft import label_smoothed_ce
 from qeebm.rl import (
     RunningMeanBaseline,
     normalise_rewards,
@@ -41,53 +41,6 @@ from qeebm.rl import (
     sequence_logprobs,
 )
 from qeebm.translator import eval_mode
-
-
-# ----------------------------------------------------------------------------------------------
-# Shared with PPO: sampling and the reward
-
-
-def build_scorer(cfg: Config, device: torch.device):
-    """A cached, no-grad QE scorer on ``device`` (tests swap in a toy one here)."""
-    from qeebm.qe.models import load_qe
-    from qeebm.qe.scoring import QEScorer
-
-    return QEScorer(load_qe(cfg.qe.path).to(device))
-
-
-class QEReward:
-    """What the RL baselines' reward is made of: the QE score of (src, mt) and the largest penalty of
-    the guards it trips. ``rl.penalised_rewards`` combines the two once the whole step is known."""
-
-    def __init__(self, cfg: Config, translator, use_guards: bool):
-        self.path, self.scorer = cfg.qe.path, build_scorer(cfg, translator.device)
-        self.guards = cfg.guards if use_guards else None
-        self.src_lang, self.tgt_lang = cfg.model.src_lang, cfg.model.tgt_lang
-        self.count_tokens = translator.num_tokens
-
-    def frozen_qes(self) -> dict[str, torch.nn.Module]:
-        """The reward's QE (``Method.frozen_qes``); none for a scorer without a model (tests' toys)."""
-        model = getattr(self.scorer, "model", None)
-        return {self.path: model} if model is not None else {}
-
-    def __call__(self, src: list[str], hyps: list[str]) -> tuple[torch.Tensor, torch.Tensor, GuardResult | None]:
-        """Returns (QE score [B], guard penalty [B], guard result or None), float32 on the CPU."""
-        score = torch.tensor(self.scorer.score(list(src), list(hyps)), dtype=torch.float32)
-        if self.guards is None:
-            return score, torch.zeros_like(score), None
-        guarded = check(list(src), list(hyps), self.guards, tgt_lang=self.tgt_lang, src_lang=self.src_lang,
-                        count_tokens=self.count_tokens)
-        return score, torch.tensor(guarded.penalty, dtype=torch.float32), guarded
-
-
-def check_static_qe(cfg: Config) -> None:
-    if cfg.qe.mode != "static":
-        raise QeebmError(f"method '{cfg.method}' rewards samples with a fixed QE: qe.mode must be 'static', "
-                         f"got {cfg.qe.mode!r}")
-
-
-# ----------------------------------------------------------------------------------------------
-# REINFORCE
 
 
 @dataclass

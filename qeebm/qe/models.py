@@ -122,7 +122,7 @@ def _cached_or_downloaded(repo_id: str, required: str, allow_patterns=None) -> t
     return snap, offline
 
 
-def _resolve_checkpoint(name_or_path: str) -> Path:
+def resolve_checkpoint(name_or_path: str) -> Path:
     p = Path(name_or_path).expanduser()
     if p.is_file():
         return p.resolve()
@@ -167,7 +167,7 @@ def _resolve_encoder(model_dir: Path, hparams: dict, encoder_dir: str | None, re
 def load_qe(name_or_path: str, encoder_dir: str | None = None):
     """Load a CometKiwi / COMET / XCOMET model (eval mode, on CPU) from a hub id or a local
     directory (or .ckpt path) in comet's on-disk format. No remote code is executed."""
-    ckpt = _resolve_checkpoint(str(name_or_path))
+    ckpt = resolve_checkpoint(str(name_or_path))
     model_dir = ckpt.parents[1]
     hparams_file = model_dir / "hparams.yaml"
     if not hparams_file.is_file():

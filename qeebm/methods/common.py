@@ -1,0 +1,80 @@
+"""What several training methods share: the labelled batch's cross-entropy, the reward a method
+reads off a quality estimator, and the checks that go with them. Nothing here belongs to one method."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from qeebm.config import Config
+from qeebm.errors import QeebmError
+from qeebm.guards import GuardResult, check
+from qeebm.methods.base import Batch
+
+
+def upcast(t: torch.Tensor) -> torch.Tensor:
+    """Half-precision logits (mixed precision) are unsafe for softmax and CE; double stays double."""
+    return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
+
+
+def label_smoothed_ce(model: torch.nn.Module, batch: Batch, label_smoothing: float, upcast=torch.Tensor.float,
+                      with_nll: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The labelled batch's label-smoothed cross-entropy, this micro-batch's contribution to the step's
+    per-token mean, and (``with_nll``) the plain NLL the same way, without gradient (else None).
+    ``upcast`` maps the logits to the dtype the loss is computed in."""
+    # Explicit decoder inputs (Translator.decoder_inputs): mBART's shift from labels alone goes wrong
+    # on a target holding a literal <pad>.
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                   decoder_input_ids=batch.decoder_input_ids).logits
+    logits = upcast(logits).flatten(0, 1)
+    labels = batch.labels.flatten()
+    # Sum, then divide by the step's token count: micro-batches and processes then add up
+    # to the full-batch per-token mean whatever the split.
+    total = max(batch.global_tokens, 1)
+    loss = F.cross_entropy(logits, labels, ignore_index=-100, label_smoothing=label_smoothing, reduction="sum") / total
+    if not with_nll:
+        return loss, None
+    with torch.no_grad():
+        nll = F.cross_entropy(logits, labels, ignore_index=-100, reduction="sum") / total
+    return loss, nll
+
+
+def build_scorer(cfg: Config, device: torch.device):
+    """A cached, no-grad QE scorer on ``device`` (tests swap in a toy one here)."""
+    from qeebm.qe.models import load_qe
+    from qeebm.qe.scoring import QEScorer
+
+    return QEScorer(load_qe(cfg.qe.path).to(device))
+
+
+def check_static_qe(cfg: Config) -> None:
+    """A method that scores with a fixed QE refuses ``qe.mode: dynamic``."""
+    if cfg.qe.mode != "static":
+        raise QeebmError(f"method '{cfg.method}' rewards samples with a fixed QE: qe.mode must be 'static', "
+                         f"got {cfg.qe.mode!r}")
+
+
+class QEReward:
+    """What a reward-driven method's reward is made of: the QE score of (src, mt) and the largest
+    penalty of the guards it trips. ``rl.penalised_rewards`` combines the two once the whole step is
+    known."""
+
+    def __init__(self, cfg: Config, translator, use_guards: bool):
+        self.path, self.scorer = cfg.qe.path, build_scorer(cfg, translator.device)
+        self.guards = cfg.guards if use_guards else None
+        self.src_lang, self.tgt_lang = cfg.model.src_lang, cfg.model.tgt_lang
+        self.count_tokens = translator.num_tokens
+
+    def frozen_qes(self) -> dict[str, torch.nn.Module]:
+        """The reward's QE (``Method.frozen_qes``); none for a scorer without a model (tests' toys)."""
+        model = getattr(self.scorer, "model", None)
+        return {self.path: model} if model is not None else {}
+
+    def __call__(self, src: list[str], hyps: list[str]) -> tuple[torch.Tensor, torch.Tensor, GuardResult | None]:
+        """Returns (QE score [B], guard penalty [B], guard result or None), float32 on the CPU."""
+        score = torch.tensor(self.scorer.score(list(src), list(hyps)), dtype=torch.float32)
+        if self.guards is None:
+            return score, torch.zeros_like(score), None
+        guarded = check(list(src), list(hyps), self.guards, tgt_lang=self.tgt_lang, src_lang=self.src_lang,
+                        count_tokens=self.count_tokens)
+        return score, torch.tensor(guarded.penalty, dtype=torch.float32), guarded
