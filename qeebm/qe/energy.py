@@ -1,30 +1,43 @@
-"""QE-EBM's energy: E(x, y) = -CometKiwi(x, y), differentiable in the translator's output distributions.
+"""QE-EBM's energy: E(x, y) = -QE(x, y[, ref]), differentiable in the translator's output distributions.
 
-comet's own forward takes token ids only, so the energy replays it piece by piece (see
-comet/models/multitask/unified_metric.py, ``UnifiedMetric.forward``):
+comet's own forward takes token ids only, so each energy replays it piece by piece with the
+translation's token embeddings shifted by the bridge (``qeebm/qe/bridge.py``):
 
-1. tokenise src and mt as ``encoder.prepare_sample`` does (each segment truncated to
-   ``max_length = max_positions - 2`` including ``<s>``/``</s>``);
-2. concatenate as ``encoder.concat_sequences`` does: ``<s> mt </s></s> src </s>`` (mt first), then cut
-   to ``max_positions`` (the cut can drop the source's tail and the final ``</s>``);
-3. run the XLM-R model on ``inputs_embeds`` (the bridge adds the straight-through shift to the mt
-   positions), with comet's attention mask and the position ids token ids would have produced; on a
-   plain XLM-R encoder only the real tokens go through its layers (``qeebm.qe.packed``), with the
-   same value and gradient as the padded batch to float rounding (in eval mode; in train mode the
-   dropout draws differ);
-4. mix all hidden states with the layer-wise attention (or take ``sent_layer``), take position 0,
-   apply the estimator (its final activation included) and flatten: that is comet's score.
+* ``KiwiEnergy``, a reference-free CometKiwi (``UnifiedMetric`` with input segments [mt, src]; see
+  comet/models/multitask/unified_metric.py): src and mt tokenised as ``encoder.prepare_sample`` does
+  (each segment truncated to ``max_length = max_positions - 2`` including ``<s>``/``</s>``),
+  concatenated as ``encoder.concat_sequences`` does, ``<s> mt </s></s> src </s>`` (mt first), cut to
+  ``max_positions``; the XLM-R model on ``inputs_embeds`` with comet's attention mask and the
+  position ids token ids would have produced; the layer-wise mix (or ``sent_layer``) at position 0
+  and the estimator;
+* ``UnifiedEnergy``, a ``UnifiedMetric`` that also reads the reference (XCOMET's input): the same
+  replay on comet's three inputs ``<s> mt </s></s> src </s>``, ``<s> mt </s></s> ref </s>`` and
+  ``<s> mt </s></s> src </s></s> ref </s>``, combined as ``predict_step`` combines them (their mean;
+  XCOMET: the weighted, clipped regression scores plus the weighted MQM score of the decoded error
+  spans, which has no gradient and is taken from comet's own decoding of the text);
+* ``CometEnergy``, a reference-based ``RegressionMetric`` (wmt22-comet-da's architecture): src, mt
+  and ref encoded separately and pooled (``get_sentence_embedding``), the feature vector
+  [mt, ref, mt*ref, |mt-ref|, mt*src, |mt-src|] into the estimator. Only the mt encoding carries
+  a gradient; the source's and reference's embeddings are constants of the step.
+
+The mt segment starts right after ``<s>`` in every one of these inputs, so one bridge shift serves
+them all. On a plain XLM-R encoder only the real tokens go through its layers (``qeebm.qe.packed``),
+with the same value and gradient as the padded batch to float rounding (in eval mode).
 
 The value is exactly ``model.predict`` on the decoded translation (``relaxation="st"``); only the
-backward pass differs from a plain lookup (see ``qeebm/qe/bridge.py``).
+backward pass differs from a plain lookup. A reference-based energy reads the reference of every
+row (``ref=``); a reference-free one ignores it.
 
-With a ``qeebm.translator.Translator``::
+With a ``qeebm.translator.Translator`` and the energy of ``load_energy``::
 
     seqs = translator.generate_ids(input_ids, attention_mask, gen, k)      # [B*k, 1 + T]
     tf = translator.teacher_forcing(seqs)
-    logits = translator.model(input_ids=..., attention_mask=...,           # repeated k times
-                              decoder_input_ids=tf["decoder_input_ids"]).logits
-    energy = kiwi_energy(src, seqs[:, 1:], tf["labels"] != -100, logits)    # [B*k]
+    mt_ids, mt_mask = seqs[:, 1:], tf["labels"] != -100
+    content = energy.bridge.content_mask(mt_ids, mt_mask)
+    with output_rows(translator.model, content):                           # only the steps read
+        logits = translator.model(input_ids=..., attention_mask=...,       # repeated k times
+                                  decoder_input_ids=tf["decoder_input_ids"]).logits  # [N, V]
+    e = energy(src, mt_ids, mt_mask, logits, ref=refs)                     # [B*k]
 """
 
 from __future__ import annotations
@@ -44,11 +57,12 @@ from qeebm.qe.scoring import kiwi_row, pad_rows
 RELAXATIONS = ("st", "softmax", "gumbel-st")
 
 
-class KiwiEnergy(nn.Module):
-    """Energy ``-score`` of a CometKiwi-style ``UnifiedMetric`` (input segments ``[mt, src]``).
+class Energy(nn.Module):
+    """What every energy shares: the relaxation, the bridge, the alignment, freezing. A subclass
+    says how comet's inputs are assembled around the (shifted) mt segment and scored (``_score``).
 
     Args:
-        comet_model: a loaded ``comet.models.UnifiedMetric`` (e.g. ``qeebm.qe.models.load_qe``).
+        comet_model: a loaded comet model (``qeebm.qe.models.load_qe``) of the subclass's kind.
         bridge: ``Bridge(translator.tokenizer, comet_model.encoder.tokenizer, vocab_size=V_nmt)``.
         freeze: QE-static (default): every QE parameter gets ``requires_grad=False`` and the QE stays in
             eval mode whatever ``.train()`` is called with (comet's layer-wise attention drops whole
@@ -56,23 +70,19 @@ class KiwiEnergy(nn.Module):
             reach exactly the QE parameters that require grad.
         gradient_checkpointing: recompute each encoder layer in the backward pass instead of keeping
             its activations (less memory, one more encoder forward of time). Needs an encoder the
-            packed forward covers (``qeebm.qe.packed.packable``: CometKiwi on XLM-R / InfoXLM).
-
-    On such an encoder the QE runs on the batch's real tokens only (``qeebm.qe.packed``), as
-    QEScorer does; any other encoder takes comet's padded layout.
+            packed forward covers (``qeebm.qe.packed.packable``: XLM-R / InfoXLM).
     """
+
+    #: whether ``forward`` and ``score_ids`` need the rows' references
+    needs_reference = False
 
     def __init__(self, comet_model, bridge: Bridge, freeze: bool = True, gradient_checkpointing: bool = False):
         super().__init__()
-        segments = list(getattr(comet_model.hparams, "input_segments", []))
-        if segments != ["mt", "src"]:
-            raise ValueError(f"KiwiEnergy needs a reference-free UnifiedMetric with input_segments "
-                             f"[mt, src]; got {segments}")
         self.qe = comet_model
         self.bridge = bridge
         self.frozen = freeze
         if gradient_checkpointing and not packable(comet_model):
-            raise QeebmError("qe.gradient_checkpointing needs a CometKiwi on a plain XLM-R encoder (the packed "
+            raise QeebmError("qe.gradient_checkpointing needs a QE on a plain XLM-R encoder (the packed "
                              f"forward); this QE's encoder is {type(comet_model.encoder.model).__name__}")
         self.checkpointing = gradient_checkpointing
         if freeze:
@@ -97,7 +107,7 @@ class KiwiEnergy(nn.Module):
     # ---------------------------------------------------------------------------- the energy
     def forward(self, src: list[str], mt_ids: Tensor, mt_mask: Tensor, logits: Tensor,
                 relaxation: str = "st", tau: float = 1.0, generator: torch.Generator | None = None,
-                alignment: Alignment | None = None) -> Tensor:
+                alignment: Alignment | None = None, ref: list[str] | None = None) -> Tensor:
         """Energy ``[B]`` (= -QE score) of each translation.
 
         src:     B source strings.
@@ -126,6 +136,7 @@ class KiwiEnergy(nn.Module):
         generator: optional RNG for the Gumbel noise.
         alignment: ``self.align(mt_ids, mt_mask)`` when the caller already has it (saves decoding and
                  aligning again); not used by "gumbel-st", whose forward tokens are resampled.
+        ref:     B reference strings: required by a reference-based energy, ignored otherwise.
         """
         if relaxation not in RELAXATIONS:
             raise ValueError(f"relaxation must be one of {RELAXATIONS}, got {relaxation!r}")
@@ -137,23 +148,25 @@ class KiwiEnergy(nn.Module):
                              f"{int(content.sum())})")
         if len(src) != mt_ids.shape[0]:
             raise ValueError(f"{len(src)} sources for {mt_ids.shape[0]} translations")
+        ref = self._check_reference(ref, len(src))
         if logits.dim() == 3:
             logits = logits[content.to(logits.device)]  # [N, V]: one code path for both layouts
         relaxed, forward_ids = self._relax(logits, mt_ids, content, relaxation, tau, generator)
         if alignment is None or relaxation == "gumbel-st":
             alignment = self.align(forward_ids, mt_mask)
         self.last_alignment = alignment
-        return -self._score(src, alignment, relaxed=relaxed, forward_ids=forward_ids, relaxation=relaxation,
-                            steps_read=content)
+        shift = self._shift(alignment, relaxed, forward_ids, relaxation, content)
+        return -self._score(src, ref, alignment, shift)
 
     @torch.no_grad()
-    def score_ids(self, src: list[str], mt_ids: Tensor, mt_mask: Tensor, alignment: Alignment | None = None) -> Tensor:
+    def score_ids(self, src: list[str], mt_ids: Tensor, mt_mask: Tensor, alignment: Alignment | None = None,
+                  ref: list[str] | None = None) -> Tensor:
         """QE scores ``[B]`` (not energies) of the decoded translations, without gradients; equal to
         comet's ``predict`` on ``translator.tokenizer.decode(mt_ids, skip_special_tokens=True)``.
         ``alignment``: ``self.align(mt_ids, mt_mask)`` if the caller already has it."""
         if alignment is None:
             alignment = self.align(mt_ids, mt_mask)
-        return self._score(src, alignment)
+        return self._score(src, self._check_reference(ref, len(src)), alignment, None)
 
     def texts(self, mt_ids: Tensor, mt_mask: Tensor) -> list[str]:
         """The texts the QE reads for ``[B, T]`` translator ids and their mask (no alignment built)."""
@@ -165,6 +178,15 @@ class KiwiEnergy(nn.Module):
         return self.bridge.align(mt_ids, mt_mask, self.max_positions - 2)
 
     # ------------------------------------------------------------------------------ internals
+    def _check_reference(self, ref: list[str] | None, n: int) -> list[str] | None:
+        if not self.needs_reference:
+            return None
+        if ref is None:
+            raise QeebmError(f"{type(self).__name__} is reference-based: it needs the reference of every row")
+        if len(ref) != n:
+            raise ValueError(f"{len(ref)} references for {n} translations")
+        return list(ref)
+
     def _relax(self, logits, mt_ids, content, relaxation, tau, generator):
         """The content steps' logits ``[N, V]`` whose softmax is the relaxed distribution (the bridge
         takes the softmax, only where the QE reads it), and the tokens ``[B, T]`` the forward pass
@@ -179,41 +201,48 @@ class KiwiEnergy(nn.Module):
             return perturbed / tau, forward_ids
         return logits, mt_ids
 
-    def _score(self, src: list[str], alignment: Alignment, relaxed: Tensor | None = None,
-               forward_ids: Tensor | None = None, relaxation: str = "st", steps_read: Tensor | None = None) -> Tensor:
-        tok = self.tokenizer
-        max_positions = self.max_positions
-        encoder = self.qe.encoder.model
-        weight = encoder.embeddings.word_embeddings.weight  # [V_qe, H]
-        device = weight.device
+    def _shift(self, alignment: Alignment, relaxed: Tensor, forward_ids: Tensor, relaxation: str,
+               content: Tensor) -> Tensor:
+        """``[B, L_mt, H]`` the straight-through (or relaxed) shift of the mt segment's embeddings,
+        ``L_mt`` its longest row. The longest mt segment always fits every input: it is at most
+        ``max_positions - 4`` tokens long."""
+        mt_len = max(1, max(len(m) for m in alignment.qe_ids))
+        weight = self._word_embeddings().weight
+        return self.bridge.shift(weight, relaxed, forward_ids, alignment, mt_len, relaxation, content=content)
 
-        # comet: encoder.prepare_sample(src), then concat_sequences drops <s>/</s> and padding. The K
-        # samples of a source share it, so each distinct source is tokenised once.
-        pad = tok.pad_token_id
-        unique = list(dict.fromkeys(src))
-        src_ids = tok(unique, truncation=True, max_length=max_positions - 2)["input_ids"]
-        # a literal "<pad>" in the text is dropped, as comet does
-        content = {s: [i for i in ids if i != pad][1:-1] for s, ids in zip(unique, src_ids)}
-        seqs = [kiwi_row(tok, mt, content[s], max_positions) for mt, s in zip(alignment.qe_ids, src)]
-        ids, mask = pad_rows(seqs, pad, device)
+    def _word_embeddings(self) -> nn.Embedding:
+        return self.qe.encoder.model.embeddings.word_embeddings
+
+    def _content_ids(self, texts: list[str]) -> dict[str, list[int]]:
+        """Each distinct text tokenised once as comet's ``encoder.prepare_sample`` does (truncated to
+        ``max_positions - 2`` with its specials), without ``<s>``/``</s>`` or pads (a literal
+        "<pad>" in the text is dropped, as comet's ``concat_sequences`` drops it)."""
+        tok, pad = self.tokenizer, self.tokenizer.pad_token_id
+        unique = list(dict.fromkeys(texts))
+        ids = tok(unique, truncation=True, max_length=self.max_positions - 2)["input_ids"]
+        return {t: [i for i in row if i != pad][1:-1] for t, row in zip(unique, ids)}
+
+    def _embed(self, rows: list[list[int]], shift: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Padded ``rows`` (mt content right after ``<s>``) as ``inputs_embeds`` with the mt shift
+        added: (ids, bool mask, embeddings ``[B, L, H]``, the position ids token ids would give)."""
+        emb = self._word_embeddings()
+        ids, mask = pad_rows(rows, self.tokenizer.pad_token_id, emb.weight.device)
         # The position ids XLM-R derives from token ids (pads keep padding_idx); with inputs_embeds it
         # would number the pads too.
-        pad_idx = encoder.embeddings.padding_idx
-        position_ids = (torch.cumsum(mask.long(), dim=1) * mask.long() + pad_idx).long()
+        position_ids = (torch.cumsum(mask.long(), dim=1) * mask.long() + emb.padding_idx).long()
+        embeds = F.embedding(ids, emb.weight)  # [B, L, H]
+        if shift is not None:
+            embeds = embeds + F.pad(shift, (0, 0, 1, ids.shape[1] - 1 - shift.shape[1]))
+        return ids, mask, embeds, position_ids
 
-        embeds = F.embedding(ids, weight)  # [B, L, H]
-        if relaxed is not None:
-            # mt content starts right after <s>; build_inputs_with_special_tokens puts it there.
-            # The longest mt segment always fits: it is at most max_positions - 4 tokens long.
-            mt_len = max(1, max(len(m) for m in alignment.qe_ids))
-            shift = self.bridge.shift(weight, relaxed, forward_ids, alignment, mt_len, relaxation, content=steps_read)
-            embeds = embeds + F.pad(shift, (0, 0, 1, ids.shape[1] - 1 - mt_len))
-
+    def _unified_scores(self, rows: list[list[int]], shift: Tensor | None) -> Tensor:
+        """``UnifiedMetric.forward``'s sentence score ``[B]`` of assembled input rows."""
+        ids, mask, embeds, position_ids = self._embed(rows, shift)
         if packable(self.qe):
             return packed_scores(self.qe, None, mask, inputs_embeds=embeds, position_ids=position_ids,
                                  checkpoint=self.checkpointing)
-        out = encoder(inputs_embeds=embeds, attention_mask=mask, position_ids=position_ids,
-                      output_hidden_states=True, return_dict=True)
+        out = self.qe.encoder.model(inputs_embeds=embeds, attention_mask=mask, position_ids=position_ids,
+                                    output_hidden_states=True, return_dict=True)
         all_layers = out.hidden_states
         # As UnifiedMetric.forward: layer-wise mix when configured, else one layer; CLS position.
         if self.qe.layerwise_attention:
@@ -225,19 +254,140 @@ class KiwiEnergy(nn.Module):
             embeddings = all_layers[layer]
         return self.qe.estimator(embeddings[:, 0, :]).view(-1)
 
+    def _score(self, src: list[str], ref: list[str] | None, alignment: Alignment, shift: Tensor | None) -> Tensor:
+        raise NotImplementedError
 
-def load_energy(path: str, translator, freeze: bool, gradient_checkpointing: bool = False) -> KiwiEnergy:
-    """KiwiEnergy over the CometKiwi at ``path`` (a directory or hub id) and a bridge from
-    ``translator``'s vocabulary; a missing directory or a reference-based model is a one-line error."""
+
+class KiwiEnergy(Energy):
+    """Energy ``-score`` of a CometKiwi-style ``UnifiedMetric`` (input segments ``[mt, src]``)."""
+
+    def __init__(self, comet_model, bridge: Bridge, freeze: bool = True, gradient_checkpointing: bool = False):
+        segments = list(getattr(comet_model.hparams, "input_segments", []))
+        if segments != ["mt", "src"]:
+            raise ValueError(f"KiwiEnergy needs a reference-free UnifiedMetric with input_segments "
+                             f"[mt, src]; got {segments}")
+        super().__init__(comet_model, bridge, freeze, gradient_checkpointing)
+
+    def _score(self, src, ref, alignment, shift):
+        content = self._content_ids(src)  # the K samples of a source share it
+        rows = [kiwi_row(self.tokenizer, mt, content[s], self.max_positions) for mt, s in zip(alignment.qe_ids, src)]
+        return self._unified_scores(rows, shift)
+
+
+class UnifiedEnergy(Energy):
+    """Energy ``-score`` of a ``UnifiedMetric`` that reads the source and the reference (XCOMET's
+    input segments ``[mt, src, ref]``): comet's three inputs, combined as its ``predict_step`` does."""
+
+    needs_reference = True
+
+    def __init__(self, comet_model, bridge: Bridge, freeze: bool = True, gradient_checkpointing: bool = False):
+        segments = list(getattr(comet_model.hparams, "input_segments", []))
+        if segments != ["mt", "src", "ref"]:
+            raise ValueError(f"UnifiedEnergy needs a UnifiedMetric with input_segments [mt, src, ref]; got {segments}")
+        super().__init__(comet_model, bridge, freeze, gradient_checkpointing)
+
+    def _score(self, src, ref, alignment, shift):
+        from comet.models import XCOMETMetric
+
+        tok, cut = self.tokenizer, self.max_positions
+        content = self._content_ids(src + ref)
+        mts = alignment.qe_ids
+        # comet's concat_sequences: each extra segment is appended to the previous row's content,
+        # and the row cut to max_positions (a no-op when it fits, as for kiwi_row).
+        with_src = [kiwi_row(tok, m, content[s], cut) for m, s in zip(mts, src)]
+        with_ref = [kiwi_row(tok, m, content[r], cut) for m, r in zip(mts, ref)]
+        full = [tok.build_inputs_with_special_tokens(
+                    tok.build_inputs_with_special_tokens(m, content[s])[1:-1], content[r])[:cut]
+                for m, s, r in zip(mts, src, ref)]
+        scores = [self._unified_scores(rows, shift) for rows in (with_src, with_ref, full)]  # 3 x [B]
+        if not isinstance(self.qe, XCOMETMetric):
+            return torch.stack(scores).mean(0)
+        # XCOMET: clipped regression scores weighted, plus the weighted MQM score of the decoded error
+        # spans: a step function of the text, so a constant here, read off comet's own decoding.
+        w = self.qe.score_weights
+        regression = sum(torch.where(s > 1.0, torch.ones_like(s), s) * wi for s, wi in zip(scores, w[:3]))
+        return regression + self._mqm(src, alignment.texts, ref).to(regression) * w[3]
+
+    @torch.no_grad()
+    def _mqm(self, src: list[str], mt: list[str], ref: list[str]) -> Tensor:
+        """XCOMET's MQM score of the error spans comet decodes for the texts ([B], in [0, 1])."""
+        from qeebm.qe.scoring import _EvalMode, _to
+
+        samples = [{"src": s, "mt": m, "ref": r} for s, m, r in zip(src, mt, ref)]
+        with _EvalMode(self.qe):
+            batch = _to(self.qe.prepare_sample(samples, stage="predict"), self.qe.device)
+            return self.qe.predict_step(batch).metadata["mqm_scores"].float()
+
+
+class CometEnergy(Energy):
+    """Energy ``-score`` of a reference-based COMET (``RegressionMetric``, wmt22-comet-da's
+    architecture). Source and reference are encoded once per distinct sentence, without gradient."""
+
+    needs_reference = True
+
+    def __init__(self, comet_model, bridge: Bridge, freeze: bool = True, gradient_checkpointing: bool = False):
+        if not freeze:
+            raise QeebmError("a reference-based COMET energy is frozen: only a reference-free QE is trained "
+                             "alongside (qe.mode=dynamic)")
+        super().__init__(comet_model, bridge, freeze, gradient_checkpointing)
+
+    def _score(self, src, ref, alignment, shift):
+        tok = self.tokenizer
+        content = self._content_ids(src + ref)
+        with torch.no_grad():
+            unique = list(content)
+            emb = self._sentence_embeddings([tok.build_inputs_with_special_tokens(content[t]) for t in unique], None)
+            at = {t: i for i, t in enumerate(unique)}
+            src_emb = emb[torch.tensor([at[s] for s in src], device=emb.device)]
+            ref_emb = emb[torch.tensor([at[r] for r in ref], device=emb.device)]
+        mt_emb = self._sentence_embeddings([tok.build_inputs_with_special_tokens(m) for m in alignment.qe_ids], shift)
+        return self.qe.estimate(src_emb, mt_emb, ref_emb).score.view(-1)
+
+    def _sentence_embeddings(self, rows: list[list[int]], shift: Tensor | None) -> Tensor:
+        """``get_sentence_embedding`` of each row ``[B, H]``: the encoder on ``inputs_embeds``, the
+        layer-wise mix (or ``layer``), then comet's pooling."""
+        from comet.models.pooling_utils import average_pooling, max_pooling
+
+        ids, mask, embeds, position_ids = self._embed(rows, shift)
+        qe, hp = self.qe, self.qe.hparams
+        out = qe.encoder.model(inputs_embeds=embeds, attention_mask=mask, position_ids=position_ids,
+                               output_hidden_states=True, return_dict=True)
+        if qe.layerwise_attention:
+            embeddings = qe.layerwise_attention(out.hidden_states, mask)
+        elif 0 <= hp.layer < qe.encoder.num_layers:
+            embeddings = out.hidden_states[hp.layer]
+        else:
+            raise ValueError(f"invalid COMET layer {hp.layer!r}")
+        pad = self.tokenizer.pad_token_id
+        if hp.pool == "avg":
+            return average_pooling(ids, embeddings, mask, pad, self.tokenizer.sep_token_id, qe.use_context)
+        if hp.pool == "max":
+            return max_pooling(ids, embeddings, pad)
+        if hp.pool == "cls":
+            return embeddings[:, 0, :]
+        if hp.pool == "default":
+            return out.hidden_states[-1][:, 0, :]  # XLMREncoder's "sentemb"
+        raise ValueError(f"invalid COMET pooling {hp.pool!r}")
+
+
+ENERGIES = {"kiwi": KiwiEnergy, "xcomet": UnifiedEnergy, "comet": CometEnergy}
+
+
+def load_energy(path: str, translator, freeze: bool, gradient_checkpointing: bool = False) -> Energy:
+    """The energy of the QE at ``path`` (a directory or hub id: a CometKiwi, a reference-based COMET
+    or an XCOMET) with a bridge from ``translator``'s vocabulary; a missing directory is a one-line
+    error."""
     looks_local = path.startswith((".", "/", "~")) or path.count("/") != 1
     if looks_local and not Path(path).expanduser().exists():
         raise QeebmError(f"qe.path: no QE model at '{path}' (build the tiny world with `qeebm tinyworld build "
-                         "data/tinyworld`, or point qe.path at a CometKiwi directory or hub id)")
+                         "data/tinyworld`, or point qe.path at a CometKiwi, COMET or XCOMET directory or hub id)")
     # comet builds randomly initialised modules before loading the weights: keep the run's RNG untouched.
     with torch.random.fork_rng(devices=[]):
         comet = load_qe(path)
-    if qe_kind(comet) != "kiwi":
-        raise QeebmError(f"qe.path '{path}' is a {qe_kind(comet)} model; QE-EBM needs a reference-free CometKiwi")
+    kind = qe_kind(comet)
+    if not freeze and kind != "kiwi":
+        raise QeebmError(f"qe.path '{path}' is a reference-based {kind} model; qe.mode=dynamic trains a "
+                         "reference-free CometKiwi")
     vocab_size = translator.model.config.vocab_size
-    return KiwiEnergy(comet, Bridge(translator.tokenizer, comet.encoder.tokenizer, vocab_size=vocab_size), freeze=freeze,
-                      gradient_checkpointing=gradient_checkpointing)
+    return ENERGIES[kind](comet, Bridge(translator.tokenizer, comet.encoder.tokenizer, vocab_size=vocab_size),
+                          freeze=freeze, gradient_checkpointing=gradient_checkpointing)
