@@ -38,7 +38,7 @@ from qeebm.backends import (
     trained_parameters,
 )
 from qeebm.config import Config, flat_dict, to_dict
-from qeebm.data import filter_corpus, read_corpus
+from qeebm.data import corpus_format, filter_corpus, read_corpus
 from qeebm.decoding import corpus_nll, shard, translate_corpus
 from qeebm.diagnostics import term_gradient_stats
 from qeebm.errors import QeebmError
@@ -118,7 +118,7 @@ def train(cfg: Config) -> TrainResult:
             log.info("resuming from %s (step %d)", resume_from, state.step)
         sampler = StepSampler(len(train_set.src), o.batch_size, cfg.seed)
         # The source-only pool gets its own stream (another seed), as pure in the step as the labelled one.
-        mono = load_mono(cfg, translator) if method.needs_mono else None
+        mono = load_mono(cfg, translator, method.needs_reference) if method.needs_mono else None
         mono_sampler = StepSampler(len(mono.src), o.batch_size, cfg.seed + 1) if mono is not None else None
         metrics_log = MetricsLog(run_dir, cfg, accelerator, start_step=state.step)
         log.info("backend %s", accelerator.distributed_type.name)
@@ -227,7 +227,9 @@ def train_step(step, cfg, accelerator, translator, model, method, optimizer, sch
         idx = sampler.local_indices(step - 1, micro, rank, world, accum)
         batch = make_batch(translator, data, idx, global_tokens, len(every), accelerator.device, step=step)
         if mono is not None:
-            batch.mono = [mono.src[i] for i in mono_sampler.local_indices(step - 1, micro, rank, world, accum)]
+            picked = mono_sampler.local_indices(step - 1, micro, rank, world, accum)
+            batch.mono = [mono.src[i] for i in picked]
+            batch.mono_ref = [mono.tgt[i] for i in picked] if mono.tgt is not None else None
             batch.global_mono = mono_sampler.global_batch
         batches.append(batch)
     sums: dict[str, float] = {"loss": 0.0}
@@ -383,7 +385,7 @@ def validate(cfg, translator, dev, accelerator, qe_scorers=None) -> tuple[dict[s
     seconds["loss"] = time.perf_counter() - t
     for name, scorer in (qe_scorers.items() if qe_scorers is not None else []):
         t = time.perf_counter()
-        result[name] = mean_qe_score(scorer, src, hyps, accelerator)
+        result[name] = mean_qe_score(scorer, src, hyps, accelerator, refs=tgt)
         seconds[name] = time.perf_counter() - t
     return result, seconds
 
@@ -430,12 +432,16 @@ class ValidationScorers(dict):
         return super().items()
 
 
-def mean_qe_score(scorer, src: list[str], hyps: list[str], accelerator=None) -> float:
+def mean_qe_score(scorer, src: list[str], hyps: list[str], accelerator=None, refs: list[str] | None = None) -> float:
     """Mean QE score of (src, hyp) pairs; each process scores its shard of a corpus every process
-    holds whole, and the sums are added up."""
+    holds whole, and the sums are added up. ``refs`` go to a scorer that reads them (a
+    reference-based COMET), never to a reference-free one."""
+    from qeebm.methods.common import reads_reference
+
     idx = shard(list(range(len(src))), accelerator)
     device = accelerator.device if accelerator is not None else torch.device("cpu")
-    total = torch.tensor([sum(scorer.score([src[i] for i in idx], [hyps[i] for i in idx])) if idx else 0.0,
+    extra = [[refs[i] for i in idx]] if refs is not None and reads_reference(scorer) else []
+    total = torch.tensor([sum(scorer.score([src[i] for i in idx], [hyps[i] for i in idx], *extra)) if idx else 0.0,
                           float(len(idx))], dtype=torch.float64, device=device)
     if accelerator is not None and accelerator.num_processes > 1:
         total = accelerator.reduce(total, "sum")
@@ -457,14 +463,21 @@ def load_data(cfg, translator):
     return train_set, dev_set
 
 
-def load_mono(cfg, translator):
-    """The source-only pool, length-filtered on the source side like the training pairs."""
+def load_mono(cfg, translator, need_reference: bool = False):
+    """The source-only pool, length-filtered on the source side like the training pairs. With
+    ``need_reference`` (a reference-based energy or reward) each sentence's reference is read too,
+    from the pool's target column, and filtered like a training target."""
     d = cfg.data
     if not d.mono.path:
         raise QeebmError(f"method '{cfg.method}' needs a source-only pool: set data.mono.path")
-    mono = read_corpus(d.mono, "mono", need_target=False, on_error=d.on_error, log=log)
+    if need_reference and corpus_format(d.mono, "mono") == "text" and not d.mono.tgt_path:
+        raise QeebmError(f"{d.mono.path}: qe.path {cfg.qe.path} reads the reference of every pool sentence, but "
+                         f"the pool is plain text: give a TSV with columns '{d.mono.src_column}' and "
+                         f"'{d.mono.tgt_column}', a JSONL with those keys, or data.mono.tgt_path")
+    mono = read_corpus(d.mono, "mono", need_target=need_reference, on_error=d.on_error, log=log)
     return filter_corpus(mono, max_tokens=d.max_tokens, dedup=d.dedup, log=log,
-                         count_src=lambda texts: translator.num_tokens(texts, "src"))
+                         count_src=lambda texts: translator.num_tokens(texts, "src"),
+                         count_tgt=lambda texts: translator.num_tokens(texts, "tgt"))
 
 
 def check_config(cfg, world: int) -> None:

@@ -178,6 +178,43 @@ class ChrfUtility:
         return [chrf_matrix(self.metric, c) for c in cands]
 
 
+class ChrfScorer:
+    """Sentence chrF++ of each (mt, ref) as a score in [0, 1] (sacrebleu's ``sentence_score`` / 100):
+    the minimum-risk-training reward, with the interface of ``QEScorer.score``. Each distinct text's
+    n-grams are extracted once (the K samples of a source share its reference)."""
+
+    kind = CHRF
+
+    def __init__(self, cache_size: int = 100_000):
+        self.metric = make_metric("chrf")
+        self._grams: dict[str, tuple[list, list[int]]] = {}
+        self.cache_size = cache_size
+
+    def _stats(self, text: str) -> tuple[list, list[int]]:
+        got = self._grams.get(text)
+        if got is None:
+            if len(self._grams) >= self.cache_size:
+                self._grams.clear()
+            grams = _ngrams(self.metric, text)
+            got = self._grams[text] = (grams, [sum(g.values()) for g in grams])
+        return got
+
+    def score(self, src: Sequence[str], mt: Sequence[str], ref: Sequence[str] | None = None) -> list[float]:
+        if ref is None:
+            raise QeebmError("the chrF++ reward reads a reference for every translation; none was given")
+        if not len(src) == len(mt) == len(ref):
+            raise QeebmError(f"chrF++ inputs differ in length: src {len(src)}, mt {len(mt)}, ref {len(ref)}")
+        out = []
+        for h, r in zip(mt, ref):
+            (hg, ht), (rg, rt) = self._stats(h), self._stats(r)
+            stats = []
+            for o, (a, b) in enumerate(zip(hg, rg)):
+                # sacrebleu counts no hypothesis n-grams of an order the reference lacks
+                stats += [ht[o] if rt[o] else 0, rt[o], _matches(a, b)]
+            out.append(self.metric._compute_f_score(stats) / 100)
+        return out
+
+
 class CometUtility:
     """A reference-based COMET as MBR utility: U[i, j] = COMET(src, candidate i, ref = candidate j).
     All pairs of all sources go to the scorer in one call: a QEScorer encodes each distinct

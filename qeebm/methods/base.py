@@ -24,6 +24,8 @@ class Batch:
     ``mono``: this micro-batch's slice of the source-only pool (``data.mono``), drawn by its own step
     sampler, or None; filled only for a method whose class sets ``needs_mono = True``.
     ``global_mono``: source-only sentences in the whole optimiser step (0 without a pool).
+    ``mono_ref``: the references of ``mono`` (a pool with a reference column), filled only for a
+    method whose ``needs_reference`` is true: what a reference-based energy or reward reads.
 
     Dividing a sum over this micro-batch by a ``global_*`` count gives its contribution to the mean
     over the step, which is what ``Method.loss`` returns (docs/design.md).
@@ -40,6 +42,7 @@ class Batch:
     mono: list[str] | None = None
     global_mono: int = 0
     decoder_input_ids: torch.Tensor | None = None
+    mono_ref: list[str] | None = None
 
 
 @dataclass
@@ -78,6 +81,9 @@ class Method(Protocol):
     name: str = "?"
     #: the loop reads ``data.mono`` and fills ``Batch.mono`` / ``Batch.global_mono``
     needs_mono: bool = False
+    #: the loop also reads the pool's references and fills ``Batch.mono_ref`` (set by a method whose
+    #: energy or reward is reference-based, once it has loaded it)
+    needs_reference: bool = False
     #: optimiser updates per step: one per (epoch, minibatch) of the step's rollouts (PPO)
     epochs: int = 1
     minibatches: int = 1

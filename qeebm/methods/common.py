@@ -39,12 +39,35 @@ def label_smoothed_ce(model: torch.nn.Module, batch: Batch, label_smoothing: flo
     return loss, nll
 
 
+# The scorers whose score reads the reference of every translation: a reference-based COMET, and
+# sentence chrF++ (``qe.path: chrf``, the minimum-risk-training reward).
+REFERENCE_KINDS = ("comet", "chrf")
+
+
 def build_scorer(cfg: Config, device: torch.device):
-    """A cached, no-grad QE scorer on ``device`` (tests swap in a toy one here)."""
+    """A cached, no-grad scorer of ``qe.path`` on ``device``: a QE model (CometKiwi, COMET, XCOMET), or
+    sentence chrF++ for the literal ``chrf`` (tests swap in a toy one here)."""
+    from qeebm.qad import CHRF, ChrfScorer
+
+    if cfg.qe.path == CHRF:
+        return ChrfScorer()
     from qeebm.qe.models import load_qe
     from qeebm.qe.scoring import QEScorer
 
     return QEScorer(load_qe(cfg.qe.path).to(device))
+
+
+def reads_reference(scorer) -> bool:
+    """Whether ``scorer.score`` needs the reference of every row (toys without a ``kind`` do not)."""
+    return getattr(scorer, "kind", None) in REFERENCE_KINDS
+
+
+def mono_references(batch: Batch, k: int = 1) -> list[str] | None:
+    """The references of the batch's source-only sentences, each repeated ``k`` times (the rows of
+    its samples), or None when the pool has none."""
+    if batch.mono_ref is None:
+        return None
+    return [r for r in batch.mono_ref for _ in range(k)]
 
 
 def check_static_qe(cfg: Config) -> None:
@@ -55,12 +78,14 @@ def check_static_qe(cfg: Config) -> None:
 
 
 class QEReward:
-    """What a reward-driven method's reward is made of: the QE score of (src, mt) and the largest
-    penalty of the guards it trips. ``rl.penalised_rewards`` combines the two once the whole step is
-    known."""
+    """What a reward-driven method's reward is made of: the score of (src, mt[, ref]) by ``qe.path``
+    and the largest penalty of the guards it trips. ``rl.penalised_rewards`` combines the two once
+    the whole step is known. A reference-based ``qe.path`` (a COMET, ``chrf``) reads the reference
+    of every row (``needs_reference``: the pool must have them)."""
 
     def __init__(self, cfg: Config, translator, use_guards: bool):
         self.path, self.scorer = cfg.qe.path, build_scorer(cfg, translator.device)
+        self.needs_reference = reads_reference(self.scorer)
         self.guards = cfg.guards if use_guards else None
         self.src_lang, self.tgt_lang = cfg.model.src_lang, cfg.model.tgt_lang
         self.count_tokens = translator.num_tokens
@@ -70,9 +95,15 @@ class QEReward:
         model = getattr(self.scorer, "model", None)
         return {self.path: model} if model is not None else {}
 
-    def __call__(self, src: list[str], hyps: list[str]) -> tuple[torch.Tensor, torch.Tensor, GuardResult | None]:
-        """Returns (QE score [B], guard penalty [B], guard result or None), float32 on the CPU."""
-        score = torch.tensor(self.scorer.score(list(src), list(hyps)), dtype=torch.float32)
+    def __call__(self, src: list[str], hyps: list[str], refs: list[str] | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor, GuardResult | None]:
+        """Returns (score [B], guard penalty [B], guard result or None), float32 on the CPU. ``refs``
+        is read only by a reference-based scorer."""
+        if self.needs_reference:
+            score = self.scorer.score(list(src), list(hyps), list(refs) if refs is not None else None)
+        else:
+            score = self.scorer.score(list(src), list(hyps))
+        score = torch.tensor(score, dtype=torch.float32)
         if self.guards is None:
             return score, torch.zeros_like(score), None
         guarded = check(list(src), list(hyps), self.guards, tgt_lang=self.tgt_lang, src_lang=self.src_lang,

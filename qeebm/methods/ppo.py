@@ -44,7 +44,7 @@ from qeebm.config import Config
 from qeebm.errors import QeebmError
 from qeebm.guards import GuardResult, hit_rates
 from qeebm.methods.base import Batch, Method, StepOutput
-from qeebm.methods.common import QEReward, check_static_qe, label_smoothed_ce
+from qeebm.methods.common import QEReward, check_static_qe, label_smoothed_ce, mono_references
 from qeebm.methods.sampling import Samples, mono_sources, sample, sampling_config
 from qeebm.rl import (
     AdaptiveKLController,
@@ -142,6 +142,7 @@ class PPO(Method):
         self.epochs, self.minibatches = self.c.epochs, self.c.minibatches
         self.gen = sampling_config(self.c.sampling)
         self.reward = QEReward(cfg, translator, self.c.guards)
+        self.needs_reference = self.reward.needs_reference
         self.label_smoothing = cfg.optim.label_smoothing  # of the CE term (alpha > 0), as SFT's
         # Value head: V(s_t) from the decoder's last hidden state at position t, which has seen the
         # tokens before t; trained by the loop's optimiser (extra_parameters), saved in state_dict.
@@ -215,7 +216,7 @@ class PPO(Method):
         # 1. Sample, stopping at </s>.
         s = sample(self.translator, mono_sources(batch), self.c.sampling.num_samples, self.gen)
         # 2. Score and guard.
-        qe, penalty, guards = self.reward(s.src, s.hyps)
+        qe, penalty, guards = self.reward(s.src, s.hyps, mono_references(batch, self.c.sampling.num_samples))
         # 3. Old log-probs and values of the policy (the unwrapped module: no gradient, no DDP);
         #    log-probs of the reference.
         policy = self.translator.model

@@ -45,7 +45,7 @@ from qeebm.diagnostics import grad_dot, grad_norm, gradient_stats, term_gradient
 from qeebm.errors import QeebmError
 from qeebm.guards import check, hit_rates
 from qeebm.methods.base import Batch, Method, StepOutput
-from qeebm.methods.common import label_smoothed_ce, upcast
+from qeebm.methods.common import label_smoothed_ce, mono_references, upcast
 from qeebm.methods.sampling import mono_sources, sample, sampling_config
 from qeebm.qe.dynamic import DynamicQE, heldout_path
 from qeebm.qe.dynamic import check_config as check_qe_config
@@ -98,6 +98,7 @@ class QeEbmRollout:
                        not (softmax, gumbel-st); None under st, whose energy is the exact score.
     keep:              ``[M*K]`` 1.0 for the samples whose energy counts, 0.0 for guard hits
                        (``qe_ebm.guards``); None without guards.
+    ref:               M*K references (each repeated K times) for a reference-based energy, else None.
     """
 
     batch: Batch
@@ -114,6 +115,7 @@ class QeEbmRollout:
     alignment: Alignment | None = None
     scores: torch.Tensor | None = None
     keep: torch.Tensor | None = None
+    ref: list[str] | None = None
 
 
 class QeEbm(Method):
@@ -133,6 +135,8 @@ class QeEbm(Method):
         self.energy = load_energy(self.q.path, translator, freeze=not self.dynamic,
                                   gradient_checkpointing=self.q.gradient_checkpointing)
         self.qe = self.energy.qe
+        # A reference-based energy (COMET, XCOMET) reads each pool sentence's reference.
+        self.needs_reference = self.energy.needs_reference
         # QE-dynamic: the QE's own training (qe/dynamic.py); its parts exist before the move to the device.
         self.dynamic_qe = DynamicQE(self.qe, self.q, cfg.seed, cfg.logging.every) if self.dynamic else None
         self.energy.to(translator.device)
@@ -161,6 +165,9 @@ class QeEbm(Method):
                 raise QeebmError(f"config key '{key}' must be >= {low}; got {value}")
         if c.tau <= 0:
             raise QeebmError(f"config key 'qe_ebm.tau' must be > 0; got {c.tau}")
+        if q.path == "chrf":
+            raise QeebmError("qe.path 'chrf' is a reward without a gradient; QE-EBM backpropagates through a QE model "
+                             "(a CometKiwi, or a reference-based COMET or XCOMET)")
         if c.weighting == "relative":
             if c.rho < 0 or c.rho_every < 1:
                 raise QeebmError(f"qe_ebm.weighting=relative needs qe_ebm.rho >= 0 and qe_ebm.rho_every >= 1; "
@@ -182,7 +189,7 @@ class QeEbm(Method):
         drawn = sample(tr, mono, k, self.gen, decode=False)  # M*K rows, the K samples of a source adjacent
         # The QE reads every emitted token up to the first </s>, the forced language code included.
         mt_ids, mt_mask = drawn.tokens, tr.teacher_forcing(drawn.sequences)["labels"] != -100  # [M*K, T]
-        src = drawn.src
+        src, ref = drawn.src, mono_references(batch, k) if self.needs_reference else None
         # Aligned once: the texts, the sample score and the energy's forward (but gumbel-st's) share it.
         alignment = self.energy.align(mt_ids, mt_mask)
         texts = alignment.texts
@@ -199,11 +206,12 @@ class QeEbm(Method):
             stats |= hit_rates(hits, normaliser=norm)
             keep = torch.tensor([0.0 if hit else 1.0 for hit in hits.any_hit], device=mt_ids.device)
         # Only the straight-through forward value is the exact score of the emitted text.
-        scores = None if self.c.relaxation == "st" else self.energy.score_ids(src, mt_ids, mt_mask, alignment=alignment)
+        scores = None if self.c.relaxation == "st" else self.energy.score_ids(src, mt_ids, mt_mask, alignment=alignment,
+                                                                               ref=ref)
         return QeEbmRollout(batch=batch, src=src, input_ids=drawn.input_ids, attention_mask=drawn.attention_mask,
                             decoder_input_ids=drawn.decoder_input_ids, mt_ids=mt_ids, mt_mask=mt_mask,
                             alpha=alpha, beta=beta, normaliser=norm, stats=stats, alignment=alignment, scores=scores,
-                            keep=keep)
+                            keep=keep, ref=ref)
 
     def loss(self, r: QeEbmRollout) -> StepOutput:
         b = r.batch
@@ -214,7 +222,7 @@ class QeEbm(Method):
             tf_logits = self.model(input_ids=r.input_ids, attention_mask=r.attention_mask,
                                    decoder_input_ids=r.decoder_input_ids).logits  # [N, V]
         energy = self.energy(r.src, r.mt_ids, r.mt_mask, upcast(tf_logits), relaxation=self.c.relaxation,
-                             tau=self.c.tau, alignment=r.alignment)  # [M*K]
+                             tau=self.c.tau, alignment=r.alignment, ref=r.ref)  # [M*K]
         e = (energy if r.keep is None else energy * r.keep).sum() / r.normaliser
         alpha, beta = r.alpha, r.beta
         terms = {}

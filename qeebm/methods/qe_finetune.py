@@ -59,6 +59,9 @@ class QeFinetune(Method):
         c = cfg.qe_finetune
         if c.selection == "rerank":
             common.check_static_qe(cfg)
+            if cfg.qe.path == "chrf":
+                raise QeebmError("qe_finetune.selection=rerank ranks candidates with a reference-free QE at qe.path; "
+                                 "'chrf' reads references the candidates of a source-only sentence do not have")
         if c.num_candidates < 1 or c.num_beams < 1:
             raise QeebmError(f"qe_finetune.num_candidates and num_beams must be at least 1; got "
                              f"{c.num_candidates} and {c.num_beams}")

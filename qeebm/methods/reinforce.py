@@ -29,7 +29,7 @@ from qeebm.config import Config
 from qeebm.errors import QeebmError
 from qeebm.guards import GuardResult, hit_rates
 from qeebm.methods.base import Batch, Method, StepOutput
-from qeebm.methods.common import QEReward, check_static_qe, label_smoothed_ce
+from qeebm.methods.common import QEReward, check_static_qe, label_smoothed_ce, mono_references
 from qeebm.methods.sampling import Samples, mono_sources, sample, sampling_config
 from qeebm.rl import (
     RunningMeanBaseline,
@@ -83,6 +83,7 @@ class Reinforce(Method):
         self.translator, self.model = translator, model
         self.gen = sampling_config(self.c.sampling)
         self.reward = QEReward(cfg, translator, self.c.guards)
+        self.needs_reference = self.reward.needs_reference
         self.running = RunningMeanBaseline()
         self.label_smoothing = cfg.optim.label_smoothing  # of the CE term (alpha > 0), as SFT's
 
@@ -102,7 +103,7 @@ class Reinforce(Method):
         k = self.c.sampling.num_samples
         samples = sample(self.translator, mono_sources(batch), k, self.gen)
         # 2. What the reward is made of: the QE's score and the guards' penalty.
-        scores, penalty, guards = self.reward(samples.src, samples.hyps)
+        scores, penalty, guards = self.reward(samples.src, samples.hyps, mono_references(batch, k))
         device = samples.tokens.device
         return ReinforceRollout(batch=batch, samples=samples, scores=scores.view(-1, k).to(device),
                                 penalty=penalty.view(-1, k).to(device), guards=guards,
