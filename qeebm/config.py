@@ -30,6 +30,9 @@ TINYWORLD_DIR = "data/tinyworld"
 # NAME.yaml), its run directory, the report's "system"; the tiny demo, the sweep and the real
 # recipes all list them from here, in this order.
 SYSTEMS = ("sft", "reinforce", "ppo", "qe-ebm-static", "qe-ebm-dynamic", "qe-finetune")
+# The tiny world's positive control: systems trained against an energy or reward that knows the answer
+# (the world's true reference of every pool sentence); tiny recipes only (qeebm/demo.py, TARGETS).
+ORACLE_SYSTEMS = ("qe-ebm-oracle", "reinforce-oracle", "reinforce-chrf")
 # The published seeds; every `--seeds N` takes the first N (the tiny world's single-seed tables use 42).
 SEEDS = (42, 231, 6)
 # The file of each split inside a data directory (the tiny world's ``data/``, a prepared corpus).
@@ -182,6 +185,9 @@ class EvalConfig:
     kiwi_path: str = ""  # "" = qe.path, the QE the run trains against
     judge_path: str = ""
     also_best: list[str] = field(default_factory=list)
+    # Also validate before the first step (a fresh run only): the starting model's scores begin the
+    # curves, and a run that never beats its start selects the start itself.
+    at_start: bool = False
 
 
 @dataclass

@@ -167,6 +167,8 @@ def train(cfg: Config) -> TrainResult:
         prepared.train()
         bar = tqdm(total=o.max_steps, initial=state.step, disable=not (accelerator.is_main_process and cfg.logging.progress_bar))
         with Preemption(cfg.output.preempt_signals) as preemption:
+            if cfg.eval.at_start and dev_set is not None and state.step == 0 and not state.validations:
+                validate_and_select()
             while state.step < o.max_steps and not stopped_early():
                 state.step += 1
                 metrics = train_step(state.step, cfg, accelerator, translator, prepared, method, optimizer, scheduler, sampler,
