@@ -4,6 +4,7 @@ imports are lazy so ``qeebm --help`` answers in a fraction of a second."""
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 
@@ -25,6 +26,16 @@ def cmd_tinyworld_build(args: argparse.Namespace) -> None:
     from qeebm.tinyworld.build import build
 
     build(args.dir, seed=args.seed, size=args.size, force=args.force, qe=args.qe)
+
+
+def cmd_tinyworld_build_top(args: argparse.Namespace) -> None:
+    from qeebm.tinyworld.build import is_built
+    from qeebm.tinyworld.toprange import add_top_range
+
+    if not is_built(args.dir):
+        raise QeebmError(f"{args.dir}: not a built tiny world (no manifest.json); build it first")
+    report = add_top_range(args.dir, size=args.size)
+    print(json.dumps({name: r.get("top_range", {}) for name, r in report.items() if isinstance(r, dict)}, indent=2))
 
 
 def cmd_tinyworld_build_qe(args: argparse.Namespace) -> None:
@@ -66,13 +77,13 @@ def cmd_score(args: argparse.Namespace) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
-    from qeebm.config import SYSTEMS
-    from qeebm.demo import run_demo
+    from qeebm.demo import default_systems, run_demo
 
     systems = [s.strip() for s in args.systems.split(",")] if args.systems else None
-    unknown = [s for s in systems or [] if s not in SYSTEMS]
+    known = default_systems()
+    unknown = [s for s in systems or [] if s not in known]
     if unknown:
-        raise QeebmError(f"--systems: unknown {', '.join(unknown)}; choose from {', '.join(SYSTEMS)}")
+        raise QeebmError(f"--systems: unknown {', '.join(unknown)}; choose from {', '.join(known)}")
     run_demo(world_dir=args.world, runs_dir=args.runs, quick=args.quick, seeds=args.seeds, steps=args.steps,
              base=args.base, systems=systems)
 
@@ -145,6 +156,16 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("out", nargs="?", default="data/tinyworld-qe", help="output directory (default %(default)s)")
     q.add_argument("--work", help="build the world here instead of a temporary directory (kept)")
     q.set_defaults(func=cmd_tinyworld_build_qe)
+    t = tw.add_parser(
+        "build-top",
+        help="give a built world QEs that see the top of the quality range (docs/tinyworld.md)",
+        description="Train converged systems and QE-trained systems from them on the world's QE split, judge "
+        "their outputs, and train the world's kiwi and judge further on them (the first ones are kept as "
+        "kiwi-v1 and judge-v1); qe/qe_report.json gains every QE's top-range correlations. A full "
+        "`tinyworld build --qe build` runs this stage itself.")
+    t.add_argument("dir", help="a built tiny world (e.g. data/tinyworld)")
+    t.add_argument("--size", choices=["default", "micro"], default="default", help="the world's size (default %(default)s)")
+    t.set_defaults(func=cmd_tinyworld_build_top)
 
     p = sub.add_parser(
         "train",
@@ -254,20 +275,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_score)
 
     p = sub.add_parser("demo", help="the main job on the tiny world: build it, train, evaluate, print",
-                       description="Build the tiny world if absent, train SFT, REINFORCE, PPO, QE-EBM "
-                       "static and dynamic and QE finetuning from its base translator under the same protocol "
-                       "(docs/tinyworld.md), evaluate them on its test set (BLEU, chrF++, TER, tiny COMET, tiny Kiwi, "
-                       "held-out judge) with the checkpoint selected on dev Kiwi and on dev chrF++, the base and the "
-                       "best system also with Kiwi reranking and chrF++ MBR, and print the comparisons.")
+                       description="Build the tiny world if absent, train SFT from its base translator to its "
+                       "plateau, continue every system from there for the same budget (protocol v3, docs/results.md: "
+                       "SFT, the methods trained against the tiny Kiwi, and the positive control trained against "
+                       "the true references), evaluate them on its test set (BLEU, chrF++, TER, tiny COMET, tiny "
+                       "Kiwi, held-out judge) with the checkpoint selected on dev Kiwi and on dev chrF++, the best "
+                       "system also with Kiwi reranking and chrF++ MBR, and print the comparisons against SFT.")
     p.add_argument("--world", help="tiny-world directory, built if absent (default data/tinyworld; "
                    "with --quick data/tinyworld-micro)")
     p.add_argument("--runs", help="where the runs go (default runs/demo; with --quick runs/demo-quick)")
     p.add_argument("--quick", action="store_true", help="a smoke-sized run on the micro world")
     p.add_argument("--seeds", type=int, default=1, choices=[1, 2, 3], help="seeds per method (42, 231, 6)")
-    p.add_argument("--steps", type=int, help="optimiser steps per method at most (default 600; --quick: 4)")
+    p.add_argument("--steps", type=int, help="continuation steps per system at most (default 400; --quick: 4)")
     p.add_argument("--base", choices=["nllb", "mbart"], default="nllb",
-                   help="the base translator every method starts from (default nllb: the tiny M2M100)")
-    p.add_argument("--systems", help="comma-separated subset of the methods (default: all six)")
+                   help="the base translator SFT's plateau starts from (default nllb: the tiny M2M100)")
+    p.add_argument("--systems", help="comma-separated subset of the systems (default: every one with a tiny recipe)")
     p.set_defaults(func=cmd_demo)
     return parser
 

@@ -1,20 +1,28 @@
-"""The main job on the embedded default: ``qeebm demo``.
+"""The main job on the embedded default: ``qeebm demo`` (protocol v3; docs/results.md).
+
+Users of a QE-trained method start from their own converged SFT model, as RLHF pipelines do, and
+every method is compared at the same continuation budget from that common point:
 
 1. Build the tiny world if it is absent (``qeebm tinyworld build``; docs/tinyworld.md).
-2. From the same base translator (the tiny NLLB-style one, which has never seen the task's pairs)
-   and under the same protocol (``protocol_overrides``: the published one, scaled to the tiny
-   world), train SFT, REINFORCE, PPO, QE-EBM static, QE-EBM dynamic and QE finetuning, each with its
-   tuned settings from ``recipes/configs/tiny_*.yaml`` (``scripts/sweep.py``). Two runs go at a time,
-   each in its own process on one thread: the machine this was built for has two cores.
-3. Evaluate the base and every run on the test set, twice: the checkpoint selected on dev Kiwi (as
-   published, ``best/``) and the one selected on dev chrF++ (``best-chrf/``); BLEU, chrF++, TER, the
-   tiny COMET, the tiny CometKiwi the RL and QE-EBM runs were trained against, and the held-out tiny
-   judge. The base and the best trained system (by dev chrF++) again with quality-aware decoding of
-   8 beam candidates: QE reranking by the tiny CometKiwi (``+rerank``) and MBR with the chrF++
-   utility (``+mbr``), with their cost printed.
-4. Print both comparison tables (``scripts/compare.py``: 95% bootstrap CIs, paired significance
-   against the base) and write them with plots to ``<runs>/comparison`` and
-   ``<runs>/comparison-chrf``.
+2. SFT's plateau, once per seed: from the base translator (the tiny NLLB-style one, which has never
+   seen the task's pairs), SFT on the labelled pairs (``recipes/configs/tiny_plateau.yaml``) until
+   dev chrF++ stops improving; its best dev-chrF++ checkpoint is every system's starting point.
+3. Every system continues from it for the same budget (``budget``), each with its settings tuned on
+   dev by ``scripts/sweep.py`` (``recipes/configs/tiny_<system>.yaml``): SFT continued (the
+   control); the realistic rows, trained against the tiny CometKiwi (QE-EBM static and dynamic,
+   REINFORCE, PPO, QE finetuning, and DPO and CPO when present); and the positive control, trained
+   against an energy or reward that knows the answer (``TARGETS``: QE-EBM static and REINFORCE with
+   the tiny reference-based COMET reading each pool sentence's true reference, REINFORCE with
+   sentence chrF++ against it). Two runs go at a time, each in its own process on one thread: the
+   machine this was built for has two cores.
+4. Evaluate the plateau and every run on the test set, twice: the checkpoint selected on dev Kiwi
+   (as published, ``best/``) and the one selected on dev chrF++ (``best-chrf/``); BLEU, chrF++,
+   TER, the tiny COMET, the tiny CometKiwi and the held-out tiny judge. The best system by dev
+   chrF++ again with quality-aware decoding of 8 beam candidates: QE reranking by the tiny CometKiwi
+   (``+rerank``) and MBR with the chrF++ utility (``+mbr``).
+5. Print both comparison tables against SFT continued (``scripts/compare.py``: 95% bootstrap CIs,
+   paired significance, a reward-hacking warning) and write them with plots to
+   ``<runs>/comparison`` and ``<runs>/comparison-chrf``.
 """
 
 from __future__ import annotations
@@ -28,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from qeebm.config import SEEDS, SYSTEMS, data_path_overrides
+from qeebm.config import ORACLE_SYSTEMS, SEEDS, SYSTEMS, data_path_overrides
 from qeebm.runlog import validations
 from qeebm.tinyworld.build import build, is_built
 
@@ -36,11 +44,18 @@ log = logging.getLogger("qeebm.demo")
 
 CONFIGS = Path(__file__).resolve().parent.parent / "recipes" / "configs"
 
+# What each system trains against, relative to the world: (qe.path, data.mono). The realistic rows
+# train against the tiny CometKiwi and sample the plain pool; the positive control reads each pool
+# sentence's true reference, with the tiny reference-based COMET or sentence chrF++ ("chrf").
+KIWI = ("qe/kiwi", "data/mono.txt")
+TARGETS = {"qe-ebm-oracle": ("qe/comet", "data/mono_ref.tsv"), "reinforce-oracle": ("qe/comet", "data/mono_ref.tsv"),
+           "reinforce-chrf": ("chrf", "data/mono_ref.tsv")}
 
-# Each system's training time in the demo (seconds on the project's 2-core CPU, stop 26), to start
-# the longest first; only their order matters.
-EXPECTED_SECONDS = {"qe-ebm-dynamic": 803, "reinforce": 497, "qe-ebm-static": 481, "qe-finetune": 316, "ppo": 217,
-                    "sft": 44}
+# Each system's training time in the demo (seconds on the project's 2-core CPU), to start the
+# longest first; only their order matters.
+EXPECTED_SECONDS = {"qe-ebm-dynamic": 600, "reinforce": 420, "reinforce-oracle": 420, "reinforce-chrf": 380,
+                    "qe-ebm-static": 340, "qe-ebm-oracle": 340, "qe-finetune": 330, "dpo": 300, "cpo": 300,
+                    "ppo": 300, "sft": 40}
 
 
 def tiny_recipe(system: str) -> str:
@@ -49,32 +64,58 @@ def tiny_recipe(system: str) -> str:
 
 
 def budget(quick: bool) -> dict:
-    """The protocol every method gets: optimiser steps, global labelled batch (and as many
-    source-only sentences), validation interval and patience (validations without a better dev
-    Kiwi before stopping: the published 10; a shorter one stopped runs still improving on a noisy
-    early Kiwi peak), dev sentences per validation (0: all). ``quick`` is a smoke run on the micro
-    world."""
+    """The protocol every system gets. ``plateau``: SFT's run to its plateau (a cap on its steps,
+    validation interval and patience on dev chrF++); then the continuation every system gets from it:
+    optimiser steps, global labelled batch (and as many source-only sentences), validation interval,
+    patience (validations without a better dev Kiwi before stopping: the published 10), dev sentences
+    per validation (0: all). ``quick`` is a smoke run on the micro world."""
     if quick:
-        return {"steps": 4, "batch_size": 4, "every": 2, "patience": 0, "eval_examples": 16}
-    return {"steps": 600, "batch_size": 16, "every": 50, "patience": 10, "eval_examples": 0}
+        return {"plateau": {"steps": 8, "every": 4, "patience": 0},
+                "steps": 4, "batch_size": 4, "every": 2, "patience": 0, "eval_examples": 16}
+    return {"plateau": {"steps": 8000, "every": 200, "patience": 10},
+            "steps": 400, "batch_size": 16, "every": 50, "patience": 10, "eval_examples": 0}
 
 
-def protocol_overrides(world: Path, run_dir: Path, b: dict, seed: int, base: str = "nllb") -> list[str]:
-    """What every method's run shares: the base, the data, the QE, the budget, the validation and
-    the selection (dev Kiwi as published, with the chrF++ choice kept beside it)."""
-    steps = b["steps"]
+def plateau_overrides(world: Path, run_dir: Path, b: dict, seed: int, base: str = "nllb") -> list[str]:
+    """SFT from the base until dev chrF++ stops improving (``b["plateau"]``)."""
+    p = b["plateau"]
     return [
         f"seed={seed}",
         f"model.name_or_path={world / f'{base}-base'}",
         *data_path_overrides(world / "data"),
-        f"qe.path={world / 'qe/kiwi'}",
+        f"qe.path={world / KIWI[0]}",
+        f"optim.max_steps={p['steps']}",
+        f"eval.every={p['every']}",
+        f"eval.patience={p['patience']}",
+        f"eval.max_examples={b['eval_examples']}",
+        f"output.run_dir={run_dir}",
+        f"output.save_every={p['steps']}",
+        "logging.progress_bar=false",
+        "logging.report_to=[]",
+    ]
+
+
+def protocol_overrides(world: Path, run_dir: Path, b: dict, seed: int, start: Path, name: str = "sft") -> list[str]:
+    """What every system's continuation shares: the starting checkpoint, the data, the budget, the
+    validation (the tiny Kiwi and chrF++ on every run, whatever it trains against) and the selection
+    (dev Kiwi as published, with the chrF++ choice kept beside it); and what it trains against."""
+    steps = b["steps"]
+    qe, mono = TARGETS.get(name, KIWI)
+    return [
+        f"seed={seed}",
+        f"model.name_or_path={start}",
+        *data_path_overrides(world / "data"),
+        f"qe.path={qe if qe == 'chrf' else world / qe}",
+        f"data.mono.path={world / mono}",
         f"optim.max_steps={steps}",
         f"optim.batch_size={b['batch_size']}",
         f"optim.warmup_steps={max(steps // 10, 1)}",
         f"eval.every={b['every']}",
         f"eval.max_examples={b['eval_examples']}",
         f"eval.patience={b['patience']}",
+        "eval.at_start=true",
         "eval.metric=kiwi",
+        f"eval.kiwi_path={world / KIWI[0]}",
         "eval.also_best=[chrf]",
         # Greedy validation keeps it cheap; the test set is decoded with beam 5.
         "generation.num_beams=1",
@@ -85,15 +126,15 @@ def protocol_overrides(world: Path, run_dir: Path, b: dict, seed: int, base: str
     ]
 
 
-def run_overrides(name: str, world: Path, run_dir: Path, b: dict, seed: int, base: str = "nllb") -> list[str]:
-    """``protocol_overrides`` and what the protocol implies for one method: PPO's minibatches of 4
+def run_overrides(name: str, world: Path, run_dir: Path, b: dict, seed: int, start: Path) -> list[str]:
+    """``protocol_overrides`` and what the protocol implies for one system: PPO's minibatches of 4
     rollouts (published), and schedules that scale with the run (QE-dynamic's warm-up)."""
     extra = []
     if name == "ppo":
         extra.append(f"ppo.minibatches={max(b['batch_size'] // 4, 1)}")
     if name == "qe-ebm-dynamic":
         extra.append(f"qe.warmup_steps={max(b['steps'] // 10, 1)}")
-    return protocol_overrides(world, run_dir, b, seed, base) + extra
+    return protocol_overrides(world, run_dir, b, seed, start, name) + extra
 
 
 def train_worker(name: str, recipe: str, overrides: list[str]) -> tuple[str, float]:
@@ -141,6 +182,16 @@ def best_system(run_dirs: dict) -> str:
     return max(scores, key=lambda name: sum(scores[name]) / len(scores[name]))
 
 
+def default_systems() -> list[str]:
+    """Every system the demo can train: those with a tiny recipe, in ``SYSTEMS`` then
+    ``ORACLE_SYSTEMS`` order."""
+    return [name for name in (*SYSTEMS, *ORACLE_SYSTEMS) if (CONFIGS / tiny_recipe(name)).is_file()]
+
+
+def plateau_dir(runs: Path, seed: int, seeds: int) -> Path:
+    return runs / ("plateau" if seeds == 1 else f"plateau-seed{seed}")
+
+
 def run_demo(world_dir: str | None = None, runs_dir: str | None = None, quick: bool = False,
              seeds: int = 1, steps: int | None = None, base: str = "nllb", systems: list[str] | None = None) -> str:
     start = time.perf_counter()
@@ -153,92 +204,110 @@ def run_demo(world_dir: str | None = None, runs_dir: str | None = None, quick: b
         build(world, size="micro" if quick else "default")
         timings["world"] = time.perf_counter() - t
     b = budget(quick) | ({"steps": steps} if steps else {})
-    names = systems or list(SYSTEMS)
+    names = systems or default_systems()
+    plateaus = {seed: plateau_dir(runs, seed, seeds) for seed in SEEDS[:seeds]}
+    timings.update(train_plateaus(plateaus, world, b, base))
+    starts = {seed: plateau_start(d) for seed, d in plateaus.items()}
     run_dirs = {(name, seed): runs / (name if seeds == 1 else f"{name}-seed{seed}")
                 for seed in SEEDS[:seeds] for name in names}
-    timings.update(train_runs(run_dirs, world, b, base))
-    head = (f"Tiny world, test set (beam 5), {seeds} seed(s): every method from {base}-base (never trained on the "
-            f"task) for at most {b['steps']} steps of {b['batch_size']} labelled pairs (+ {b['batch_size']} source-only "
-            f"sentences), validated every {b['every']} steps")
-    by_kiwi, by_chrf, eval_timings = evaluate_and_compare(run_dirs, world, runs, base, head)
+    timings.update(train_runs(run_dirs, world, b, starts))
+    head = (f"Tiny world, test set (beam 5), {seeds} seed(s): every system continues from SFT's plateau (dev chrF++ "
+            f"{plateau_summary(plateaus)}) for at most {b['steps']} steps of {b['batch_size']} labelled pairs "
+            f"(+ {b['batch_size']} source-only sentences), validated every {b['every']} steps")
+    by_kiwi, by_chrf, eval_timings = evaluate_and_compare(run_dirs, world, runs, plateaus, head)
     timings.update(eval_timings)
     timings["total"] = time.perf_counter() - start
     (runs / "timings.json").write_text(json.dumps(timings, indent=2) + "\n")
     world_s = f"world build {timings['world']:.0f} s, " if "world" in timings else ""
-    print(f"\ntime: {world_s}training {timings['training']:.0f} s (wall; {sum(v for k, v in timings.items() if k.startswith('train/')):.0f} s "
-          f"summed over runs), evaluation {timings['evaluation']:.0f} s (of which quality-aware decoding: base "
-          f"+rerank {timings['evaluate_base_rerank']:.0f} s, +mbr {timings['evaluate_base_mbr']:.0f} s)")
+    print(f"\ntime: {world_s}plateau {timings.get('plateau', 0.0):.0f} s, training {timings['training']:.0f} s (wall; "
+          f"{sum(v for k, v in timings.items() if k.startswith('train/')):.0f} s summed over runs), evaluation "
+          f"{timings['evaluation']:.0f} s")
     print(f"tables and plots: {runs / 'comparison'}, {runs / 'comparison-chrf'}; total time {timings['total']:.0f} s")
     return by_kiwi
 
 
-def train_runs(run_dirs: dict, world: Path, b: dict, base: str, seed: int | None = None,
-               extra: dict | None = None) -> dict:
-    """Train every ``(name, seed) -> run_dir`` under the protocol, two at a time, each in its own
-    process on one thread (the machine this was built for has two cores). A sweep keys its runs by
-    ``(name, setting)`` instead, gives the one ``seed`` and, in ``extra``, each key's overrides.
-    Returns the wall times."""
+def plateau_start(run_dir: Path) -> Path:
+    """The checkpoint every system starts from: the plateau's best dev chrF++."""
+    return run_dir / "best"
+
+
+def plateau_summary(plateaus: dict) -> str:
+    """The plateaus' best dev chrF++ and its step, for the table's heading."""
+    from qeebm.runlog import best_validation
+
+    return ", ".join(f"{value:.1f} at step {step}" for value, step in
+                     (best_validation(d, "val/chrf") for d in plateaus.values()))
+
+
+def run_jobs(jobs: list[tuple[str, str, list[str]]]) -> dict:
+    """Train ``(label, recipe, overrides)`` jobs two at a time, each in its own process on one thread
+    (the machine this was built for has two cores), in the order given; a finished run (its
+    ``final/`` exists) is skipped, so an interrupted demo or sweep resumes. Returns the wall times."""
     timings = {}
-    t = time.perf_counter()
-    # The longest runs first: two workers then finish close together (in SYSTEMS' order QE-dynamic,
-    # the longest, started last and ran alone for about 4 of the demo's 24 minutes at stop 26).
-    order = sorted(run_dirs.items(), key=lambda item: -EXPECTED_SECONDS.get(item[0][0], 0.0))
+    todo = [(label, recipe, o) for label, recipe, o in jobs
+            if not (Path(next(x.split("=", 1)[1] for x in o if x.startswith("output.run_dir="))) / "final").is_dir()]
     with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = [pool.submit(train_worker, f"{name}/{key}", tiny_recipe(name),
-                               run_overrides(name, world, d, b, key if seed is None else seed, base)
-                               + list((extra or {}).get((name, key), [])))
-                   for (name, key), d in order]
+        futures = [pool.submit(train_worker, label, recipe, overrides) for label, recipe, overrides in todo]
         for future in futures:
-            name, seconds = future.result()
-            timings[f"train/{name}"] = seconds
-            log.info("%s trained in %.0f s", name, seconds)
-    timings["training"] = time.perf_counter() - t
+            label, seconds = future.result()
+            timings[f"train/{label}"] = seconds
+            log.info("%s trained in %.0f s", label, seconds)
     return timings
 
 
-def evaluate_and_compare(run_dirs: dict, world: Path, runs: Path, base: str, head: str) -> tuple[str, str, dict]:
-    """Evaluate the base and every trained run on the test set, twice: the checkpoint selected on dev
-    Kiwi (as published) and the one selected on dev chrF++; then quality-aware decoding of the base
-    and of the best trained system (by dev chrF++). Prints and returns both comparison tables."""
+def train_plateaus(plateaus: dict, world: Path, b: dict, base: str = "nllb") -> dict:
+    """SFT's plateau for every ``seed -> run_dir`` (``recipes/configs/tiny_plateau.yaml``)."""
+    t = time.perf_counter()
+    timings = run_jobs([(f"plateau/{seed}", "tiny_plateau.yaml", plateau_overrides(world, d, b, seed, base))
+                        for seed, d in plateaus.items()])
+    return timings | {"plateau": time.perf_counter() - t}
+
+
+def train_runs(run_dirs: dict, world: Path, b: dict, starts: dict, seed: int | None = None,
+               extra: dict | None = None) -> dict:
+    """Continue every ``(name, seed) -> run_dir`` from its seed's plateau (``starts``) under the
+    protocol. A sweep keys its runs by ``(name, setting)`` instead, gives the one ``seed`` and, in
+    ``extra``, each key's overrides. Returns the wall times."""
+    t = time.perf_counter()
+    # The longest runs first: two workers then finish close together.
+    order = sorted(run_dirs.items(), key=lambda item: -EXPECTED_SECONDS.get(item[0][0], 0.0))
+    jobs = []
+    for (name, key), d in order:
+        run_seed = key if seed is None else seed
+        jobs.append((f"{name}/{key}", tiny_recipe(name),
+                     run_overrides(name, world, d, b, run_seed, starts[run_seed]) + list((extra or {}).get((name, key), []))))
+    return run_jobs(jobs) | {"training": time.perf_counter() - t}
+
+
+def evaluate_and_compare(run_dirs: dict, world: Path, runs: Path, plateaus: dict, head: str) -> tuple[str, str, dict]:
+    """Evaluate the plateaus and every continued run on the test set, twice: the checkpoint selected
+    on dev Kiwi (as published) and the one selected on dev chrF++; then quality-aware decoding of the
+    best system (by dev chrF++). Prints and returns both comparison tables, against SFT continued."""
     from qeebm.compare import run as compare
-    from qeebm.config import ModelConfig
-    from qeebm.evaluate import MetricSpec, evaluate_system, write_eval
-    from qeebm.translator import Translator
 
     timings = {}
     t = time.perf_counter()
-    spec = MetricSpec.tinyworld(world)
-    base_dir = world / f"{base}-base"
-    translator = Translator.load(ModelConfig(name_or_path=str(base_dir)))
-    write_eval(evaluate_system(translator, world / "data/test.tsv", spec, system="base", model=str(base_dir)), runs / "base")
     best = best_system(run_dirs)
-    jobs = [(str(d), name, None, "test", None) for (name, _), d in run_dirs.items()]
+    jobs = [(str(d), "plateau", "best", "test", None) for d in plateaus.values()]
+    jobs += [(str(d), name, None, "test", None) for (name, _), d in run_dirs.items()]
     jobs += [(str(d), name, "best-chrf", "test-best-chrf", None) for (name, _), d in run_dirs.items()]
     jobs += [(str(d), f"{name}+{rule}", None, "test", rule) for rule in ("rerank", "mbr")
              for (name, _), d in run_dirs.items() if name == best]
     with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("spawn")) as pool:
         done = [pool.submit(_evaluate_worker, jobs[i::2], str(world)) for i in range(2)]
         reports = [r for future in done for r in future.result()]
-    selected = []  # base+rerank, SYSTEM+rerank, base+mbr, SYSTEM+mbr
-    for rule in ("rerank", "mbr"):
-        tq = time.perf_counter()
-        report = evaluate_system(translator, world / "data/test.tsv", spec, system=f"base+{rule}", model=str(base_dir),
-                                 selection=selection_of(rule, spec))
-        selected.append(write_eval(report, runs / "base", f"test-{rule}"))
-        timings[f"evaluate_base_{rule}"] = time.perf_counter() - tq
-        for path, seconds in reports:
-            if path.endswith(f"-{rule}.json"):
-                selected.append(Path(path))
-                timings[f"evaluate_{Path(path).parents[1].name}_{Path(path).stem}"] = seconds
+    for path, seconds in reports:
+        timings[f"evaluate_{Path(path).parents[1].name}_{Path(path).stem}"] = seconds
+    selected = [Path(path) for path, _ in reports if path.endswith(("-rerank.json", "-mbr.json"))]
     timings["evaluation"] = time.perf_counter() - t
-    del translator
 
-    # The tables (seeds of one system are grouped by its name).
-    by_kiwi = compare([str(runs / "base")] + [str(d) for d in run_dirs.values()] + [str(r) for r in selected],
-                      baseline="base", out=runs / "comparison", plots=True)
-    by_chrf = compare([str(runs / "base" / "eval" / "test.json")] +
-                      [str(d / "eval" / "test-best-chrf.json") for d in run_dirs.values()],
-                      baseline="base", out=runs / "comparison-chrf", plots=False)
+    # The tables (seeds of one system are grouped by its name), against SFT continued.
+    baseline = "sft" if any(name == "sft" for name, _ in run_dirs) else "plateau"
+    plateau_reports = [str(d / "eval" / "test.json") for d in plateaus.values()]
+    by_kiwi = compare(plateau_reports + [str(d) for d in run_dirs.values()] + [str(r) for r in selected],
+                      baseline=baseline, out=runs / "comparison", plots=True)
+    by_chrf = compare(plateau_reports + [str(d / "eval" / "test-best-chrf.json") for d in run_dirs.values()],
+                      baseline=baseline, out=runs / "comparison-chrf", plots=False)
     print(f"\n{head}; checkpoint selected on dev Kiwi (as published); +rerank / +mbr: the best of 8 beam candidates by "
           f"Kiwi / by MBR with the chrF++ utility:\n")
     print(by_kiwi)

@@ -1,14 +1,16 @@
-"""The tuning sweep behind the tiny recipes' settings: the same trial budget for every method, on dev.
+"""The tuning sweep behind the tiny recipes' settings: the same trial budget for every system, on dev.
 
-    python scripts/sweep.py --world data/tinyworld --out runs/sweep --lr-factors 1 --test   # docs/results.md
+    python scripts/sweep.py --world data/tinyworld --out runs/sweep --test   # docs/results.md
 
 Every setting is trained under the demo's protocol (``qeebm/demo.py``: ``budget`` and
-``run_overrides``; seed 42) from the same base: four learning rates for SFT, which has nothing else
-to tune; for every other method SFT's best learning rate times each of ``--lr-factors`` (default 0.5
-and 1: an added loss term can want a smaller step; PPO also those divided by its 8 optimiser updates
-per step), crossed with two values of the method's own knob:
-the energy's weight rho for QE-EBM (relative weighting), the policy-gradient weight beta for
-REINFORCE, the KL target for PPO, the pseudo-target weight for QE finetuning. A setting's score is
+``run_overrides``; seed 42), continuing from the same SFT plateau (``--plateau``, trained first when
+absent): four learning rates for SFT continued, which has nothing else to tune; for every other
+system SFT's best learning rate times each of ``--lr-factors`` (default 0.5 and 1: an added loss
+term can want a smaller step; PPO also those divided by its 8 optimiser updates per step), crossed
+with two values of the system's own knob: the energy's weight rho for QE-EBM (relative weighting),
+the policy-gradient weight beta for REINFORCE, the KL target for PPO, the pseudo-target weight for
+QE finetuning, DPO's and CPO's beta. A system trained against the oracle gets the grid of its
+method trained against the Kiwi. A setting's score is
 its best validation on dev, by the selection metric (``--metric``: ``chrf``, the default, or
 ``kiwi``, the published checkpoint selection; a Kiwi pick of settings chooses whatever raises the
 trained-on QE most, reward hacking included); both are in the table. The winners are what ``recipes/configs/tiny_*.yaml``
@@ -33,11 +35,13 @@ try:
 except ImportError:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from qeebm.config import SYSTEMS
-from qeebm.demo import budget, evaluate_and_compare, train_runs
+from qeebm.config import SEEDS
+from qeebm.demo import (budget, default_systems, evaluate_and_compare, plateau_overrides, plateau_start, run_jobs,
+                        train_runs)
 from qeebm.runlog import best_validation
 
-SFT_LRS = (2e-3, 4e-3, 6e-3, 8e-3)
+# Continuing from the plateau, where SFT's own run ended at a learning rate decayed to 0.
+SFT_LRS = (5e-4, 1e-3, 2e-3, 4e-3)
 # Every other method: SFT's best learning rate and half of it (an added loss term can want a smaller
 # step), crossed with two values of its own knob.
 KNOBS = {
@@ -49,7 +53,12 @@ KNOBS = {
     "reinforce": ("reinforce.beta", (0.3, 1.0), "beta"),
     "ppo": ("ppo.kl_target", (1.0, 4.0), "KL target"),
     "qe-finetune": ("qe_finetune.beta", (0.5, 1.0), "beta"),
+    "dpo": ("preference.beta", (0.1, 0.5), "beta"),
+    "cpo": ("preference.beta", (0.1, 0.5), "beta"),
 }
+# The positive control gets its method's grid.
+KNOBS |= {"qe-ebm-oracle": KNOBS["qe-ebm-static"], "reinforce-oracle": KNOBS["reinforce"],
+          "reinforce-chrf": KNOBS["reinforce"]}
 
 
 # PPO makes epochs x minibatches optimiser updates per step (2 x 4 in the demo) where every other
@@ -74,19 +83,21 @@ def best_dev(run_dir: Path, metric: str) -> tuple[float, int]:
     return best_validation(run_dir, f"val/{metric}")
 
 
-def train_all(runs: dict, settings: dict, world: Path, b: dict, base: str) -> None:
+def train_all(runs: dict, settings: dict, world: Path, b: dict, start: Path) -> None:
     """Train every (name, i) run not finished yet (a rerun of the sweep resumes it)."""
     todo = {(name, i): d for (name, i), d in runs.items() if not (d / "final").is_dir()}
     # train_runs keys runs by (name, seed); a setting's index stands in for the seed, the seed is 42.
     # output.resume: a run stopped by a signal (it checkpoints first) continues where it stopped.
-    train_runs(todo, world, b, base, seed=42, extra={k: settings[k[0]][k[1]][1] + ["output.resume=true"] for k in todo})
+    train_runs(todo, world, b, {SEEDS[0]: start}, seed=SEEDS[0],
+               extra={k: settings[k[0]][k[1]][1] + ["output.resume=true"] for k in todo})
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--world", default="data/tinyworld", help="a built tiny world (default %(default)s)")
     p.add_argument("--out", default="runs/sweep", help="output directory (default %(default)s)")
-    p.add_argument("--methods", default=",".join(SYSTEMS), help="which systems (default: %(default)s)")
+    p.add_argument("--methods", default=",".join(default_systems()), help="which systems (default: %(default)s)")
+    p.add_argument("--plateau", help="SFT's plateau run to continue from (default OUT/plateau, trained if absent)")
     p.add_argument("--metric", default="chrf", choices=["kiwi", "chrf"], help="what picks the winner (default %(default)s)")
     p.add_argument("--base", default="nllb", choices=["nllb", "mbart"])
     p.add_argument("--lr-factors", default="0.5,1",
@@ -94,29 +105,33 @@ def main(argv=None) -> int:
     p.add_argument("--test", action="store_true", help="then evaluate the base and the winners on the test set, once")
     args = p.parse_args(argv)
     names = [n.strip() for n in args.methods.split(",") if n.strip()]
-    unknown = [n for n in names if n not in SYSTEMS]
+    known = default_systems()
+    unknown = [n for n in names if n not in known]
     if unknown:
-        print(f"error: unknown methods {unknown}; choose from {', '.join(SYSTEMS)}", file=sys.stderr)
+        print(f"error: unknown methods {unknown}; choose from {', '.join(known)}", file=sys.stderr)
         return 2
     world, out, b = Path(args.world), Path(args.out), budget(quick=False)
     start = time.perf_counter()
+    plateau = Path(args.plateau) if args.plateau else out / "plateau"
+    run_jobs([("plateau", "tiny_plateau.yaml", plateau_overrides(world, plateau, b, SEEDS[0], args.base))])
+    begin = plateau_start(plateau)
     # SFT first: the other methods' learning rates are its best and half of it.
     sft_grid = {"sft": grid("sft", 0.0)}
     sft_runs = {("sft", i): out / f"sft-{i}" for i in range(len(sft_grid["sft"]))}
-    train_all(sft_runs, sft_grid, world, b, args.base)
+    train_all(sft_runs, sft_grid, world, b, begin)
     score = lambda d: best_dev(d, args.metric)[0]  # noqa: E731
     sft_lr = SFT_LRS[max(range(len(SFT_LRS)), key=lambda i: score(sft_runs[("sft", i)]))]
     factors = tuple(float(f) for f in args.lr_factors.split(","))
-    settings = {name: grid(name, sft_lr, factors) for name in names}
-    runs = {(name, i): out / f"{name}-{i}" for name in names for i in range(len(settings[name]))}
-    train_all(runs, settings, world, b, args.base)
+    settings = sft_grid | {name: grid(name, sft_lr, factors) for name in names if name != "sft"}
+    runs = {(name, i): out / f"{name}-{i}" for name in settings for i in range(len(settings[name]))}
+    train_all(runs, settings, world, b, begin)
     lines = [f"Tuning sweep on dev: the demo's protocol (at most {b['steps']} steps, batch {b['batch_size']}, validation "
              f"every {b['every']} steps on the whole dev set, greedy, patience {b['patience']}), seed 42, from "
-             f"{world / (args.base + '-base')}; a setting's score is its best validation {args.metric} (both shown). "
+             f"SFT's plateau {begin}; a setting's score is its best validation {args.metric} (both shown). "
              f"The other methods' learning rates: SFT's best, {sft_lr:g}, times {', '.join(f'{f:g}' for f in factors)}.", "",
              "| system | setting | dev Kiwi x100 (step) | dev chrF++ (step) | chosen |", "|:--|:--|--:|--:|:--|"]
     result = {"sft_lr": sft_lr}
-    for name in names:
+    for name in settings:
         grid_ = settings[name]
         kiwi = [best_dev(runs[(name, i)], "kiwi") for i in range(len(grid_))]
         chrf = [best_dev(runs[(name, i)], "chrf") for i in range(len(grid_))]
@@ -134,11 +149,11 @@ def main(argv=None) -> int:
     (out / "sweep.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     print(text)
     if args.test:
-        winners = {(name, 42): runs[(name, result[name]["chosen_index"])] for name in names}
-        head = (f"Tiny world, test set (beam 5), seed 42, the sweep's winners (by dev {args.metric}): every method from "
-                f"{args.base}-base for at most {b['steps']} steps of {b['batch_size']} labelled pairs, validated every "
+        winners = {(name, 42): runs[(name, result[name]["chosen_index"])] for name in settings}
+        head = (f"Tiny world, test set (beam 5), seed 42, the sweep's winners (by dev {args.metric}): every system from "
+                f"SFT's plateau for at most {b['steps']} steps of {b['batch_size']} labelled pairs, validated every "
                 f"{b['every']} steps")
-        evaluate_and_compare(winners, world, out, args.base, head)
+        evaluate_and_compare(winners, world, out, {SEEDS[0]: plateau}, head)
     return 0
 
 

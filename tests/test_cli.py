@@ -51,16 +51,22 @@ def test_train_and_translate_on_the_micro_world(micro_world, tmp_path, capsys):
 
 
 def test_demo_quick_prints_the_method_table_with_selection_rows(micro_world, tmp_path, capsys, monkeypatch):
-    from qeebm.config import SYSTEMS
-    from qeebm.demo import run_demo
+    from qeebm.demo import default_systems, run_demo
 
     monkeypatch.chdir(tmp_path)
     table = run_demo(world_dir=str(micro_world), quick=True, steps=2)
     rows = [line.split("|")[1].strip() for line in table.splitlines() if line.startswith("| ") and "seeds" not in line]
-    assert rows[:-4] == ["base (baseline)", *SYSTEMS]
-    best = rows[-3][:-len("+rerank")]
-    assert best in SYSTEMS and rows[-4:] == ["base+rerank", f"{best}+rerank", "base+mbr", f"{best}+mbr"]
+    systems = default_systems()
+    # Against SFT continued; the plateau every system started from is a row of its own.
+    assert rows[:-2] == ["sft (baseline)", "plateau", *[s for s in systems if s != "sft"]]
+    best = rows[-2][:-len("+rerank")]
+    assert best in systems and rows[-2:] == [f"{best}+rerank", f"{best}+mbr"]
     assert "Selection among candidates" in table
+    # Every system started from the plateau's best dev-chrF++ checkpoint.
+    out = tmp_path / "runs" / "demo-quick"
+    for name in systems:
+        config = (out / name / "config.yaml").read_text(encoding="utf-8")
+        assert f"name_or_path: {out / 'plateau' / 'best'}" in config
     # The smoke run keeps out of the full demo's directory, so the full demo does not try to resume it.
     out = tmp_path / "runs" / "demo-quick"
     assert (out / "comparison" / "comparison.csv").is_file() and not (tmp_path / "runs" / "demo").exists()
