@@ -89,6 +89,12 @@ class WorldSize:
     heldout_k: int
     qe_fit: dict  # train_qe overrides for the three QEs
     weaker_kiwis: dict  # name -> share of kiwi's rows: the QE-strength study's weaker estimators
+    # The top-range stage (toprange.py): converged systems on the first ``pairs`` QE-split pairs (their
+    # plateau run's ``checkpoints``, learning rate ``lr``), QE-EBM and REINFORCE from its end against the
+    # first Kiwi (``hacked_steps`` at ``hacked_lr``, each with its knob's overrides), their outputs'
+    # ``share`` and ``k`` as ``judged_*``, for ``families``; ``fit``: train_qe settings of the continued QEs.
+    # None: no such stage.
+    top_range: dict | None = None
 
 
 SIZES = {
@@ -112,6 +118,9 @@ SIZES = {
         heldout_k=5,
         qe_fit={},
         weaker_kiwis={"kiwi-weak": 0.05, "kiwi-medium": 0.2},
+        top_range=dict(families=("nllb",), pairs=2000, checkpoints=(500, 1000, 2000, 4000, 6000), lr=8e-3,
+                       hacked_steps=300, hacked_lr=2e-3, qe_ebm=["qe_ebm.rho=0.3"], reinforce=["reinforce.beta=1.0"],
+                       share=0.3, k=3, fit={"epochs": 2, "lr": 3e-4}),
     ),
     "micro": WorldSize(
         splits={"train": 200, "dev": 16, "test": 16, "qe": 60, "judge": 30, "qe_heldout": 12},
@@ -133,6 +142,10 @@ SIZES = {
         heldout_k=3,
         qe_fit={"epochs": 1},
         weaker_kiwis={},
+        top_range=dict(families=("nllb",), pairs=20, checkpoints=(2, 4), lr=1e-3, hacked_steps=2, hacked_lr=1e-3,
+                       qe_ebm=["qe_ebm.rho=0.3", "qe_ebm.sampling.max_new_tokens=8"],
+                       reinforce=["reinforce.beta=1.0", "reinforce.sampling.max_new_tokens=8"], share=0.3, k=2,
+                       fit={"epochs": 1}),
     ),
 }
 
@@ -191,28 +204,40 @@ def build(world_dir: str | Path, seed: int = 0, size: str = "default", force: bo
         log.info("quality estimators: the shipped ones (%s), built from this world's inputs", shipped)
     else:
         qe_report = train_quality_estimators(world, splits, workers, seed, spec)
+        if spec.top_range:
+            from qeebm.tinyworld.toprange import add_top_range
+
+            t_top = time.perf_counter()
+            qe_report = add_top_range(world, seed, size, manifest=False)
+            timings["qe_top_range_s"] = time.perf_counter() - t_top
     timings["qe_s"] = time.perf_counter() - t
 
     timings["total_s"] = time.perf_counter() - start
     build_log = {"timings": timings, "base": base_metrics, "qe": qe_report, "qe_source": "shipped" if shipped else "built",
                  "code": _code_version()}
     (world / "build_log.json").write_text(json.dumps(build_log, indent=2) + "\n")
-    manifest = {
-        "seed": seed,
-        "size": size,
-        "splits": {k: len(v) for k, v in splits.items()},
-        "base_test": base_metrics,
-        "qe_report": {k: {m: round(v[m], 4) for m in ("pearson", "spearman", "within_source_pearson")}
-                      for k, v in qe_report.items() if k in QE_MODELS},
-        "files": hash_tree(world),
-    }
-    tmp = world / "manifest.json.tmp"
-    tmp.write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
-    tmp.replace(world / "manifest.json")
+    write_manifest(world, {"seed": seed, "size": size, "splits": {k: len(v) for k, v in splits.items()},
+                           "base_test": base_metrics})
     for family, m in base_metrics.items():
         log.info("base %s: test BLEU %.1f chrF++ %.1f", family, m["bleu"], m["chrf"])
     log.info("tiny world built in %s in %.0f s", world, timings["total_s"])
     return world
+
+
+def write_manifest(world: Path, fields: dict | None = None) -> None:
+    """``manifest.json``: ``fields`` (or those of the existing manifest), the QEs' held-out
+    correlations from ``qe/qe_report.json`` and the sha256 of every artifact. Written last (through a
+    temporary file), so its presence means the build finished."""
+    path = world / "manifest.json"
+    manifest = dict(fields) if fields is not None else {k: v for k, v in json.loads(path.read_text()).items()
+                                                        if k in ("seed", "size", "splits", "base_test")}
+    report = json.loads((world / "qe" / "qe_report.json").read_text())
+    manifest["qe_report"] = {k: {m: round(v[m], 4) for m in ("pearson", "spearman", "within_source_pearson") if m in v}
+                             for k, v in report.items() if k in QE_MODELS}
+    manifest["files"] = hash_tree(world)
+    tmp = world / "manifest.json.tmp"
+    tmp.write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
+    tmp.replace(path)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -486,7 +511,7 @@ def qe_report(qe_dir: Path, fitted: dict, heldout, samples, probes) -> dict:
         scorer = QEScorer(model, batch_size=128)
         if qe_kind(model) == "comet":
             ref_of = {r.src: r.ref for r in heldout}
-            scorer = _WithReferences(scorer, ref_of)
+            scorer = WithReferences(scorer, ref_of)
         out[name] = record | report(scorer, heldout, samples, probes)
         log.info("tiny QE %s: held-out Pearson %.3f, Spearman %.3f; translator outputs %.3f; within source %.3f",
                  name, out[name]["pearson"], out[name]["spearman"], out[name]["outputs_pearson"],
@@ -496,7 +521,7 @@ def qe_report(qe_dir: Path, fitted: dict, heldout, samples, probes) -> dict:
     return out
 
 
-class _WithReferences:
+class WithReferences:
     """A reference-based scorer seen through the reference-free ``score(src, mt)`` call."""
 
     def __init__(self, scorer, ref_of: dict):
