@@ -454,3 +454,38 @@ def test_evaluate_run_on_a_damaged_model_is_one_line_naming_the_file(world, qe_r
     assert main(["evaluate", "--run", str(run), "--test", str(test), "--no-neural"]) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert line.startswith(f"error: {run / 'final' / 'model.safetensors'}: damaged: truncated (")
+
+
+def test_a_record_names_a_missing_or_grown_file_and_a_forged_record(tmp_path):
+    (tmp_path / "a.pt").write_bytes(b"0123456789")
+    (tmp_path / "b.json").write_text("{}")
+    record = integrity.seal({"step": 4}, tmp_path, ["a.pt", "b.json"])
+    assert record["files"]["a.pt"]["bytes"] == 10 and integrity.unsealed(record) == {"step": 4}
+    where = tmp_path / "state.json"
+    assert integrity.check(record, tmp_path, where) and not integrity.check({"step": 4}, tmp_path, where)
+    (tmp_path / "a.pt").write_bytes(b"0123456789!")
+    with pytest.raises(integrity.Damaged, match=re.escape(f"{tmp_path / 'a.pt'}: damaged: longer than written (11 bytes, 10 written)")):
+        integrity.check(record, tmp_path, where)
+    (tmp_path / "a.pt").unlink()
+    with pytest.raises(integrity.Damaged, match=re.escape(f"{tmp_path / 'a.pt'}: damaged: missing (listed in state.json)")):
+        integrity.check(record, tmp_path, where)
+    # An edited value with the old digest, or a digest key lost to a flipped bit.
+    for forged in ({**record, "step": 5}, {k: v for k, v in record.items() if k != "sha256"}):
+        with pytest.raises(integrity.Damaged, match="does not match its own sha256"):
+            integrity.check(forged, tmp_path, where)
+
+
+def test_a_safetensors_file_must_end_where_its_header_says(tmp_path):
+    from safetensors.torch import save_file
+
+    path = tmp_path / "model.safetensors"
+    save_file({"w": torch.ones(4, 4)}, str(path))
+    integrity.check_safetensors(path)
+    data = path.read_bytes()
+    for new, cause in ((data + b"\0", f"longer than its header says ({len(data) + 1} bytes, {len(data)} expected)"),
+                       (data[:-1], f"truncated ({len(data) - 1} of {len(data)} bytes)"),
+                       (data[:5], "truncated (5 bytes: shorter than its own header)"),
+                       (data[:8] + b"{" * (len(data) - 8), "its header is not valid safetensors JSON")):
+        path.write_bytes(new)
+        with pytest.raises(integrity.Damaged, match=re.escape(f"{path}: damaged: {cause}")):
+            integrity.check_safetensors(path)
