@@ -9,6 +9,13 @@ place only when every process has written its files, so a failed or interrupted 
 previous checkpoint as the newest complete one; resume ignores anything that is not a ``step-*``
 directory, and older checkpoints are pruned (``output.keep_last``) only after the new one is in place.
 
+A file can still be damaged afterwards (a copy cut short, a failing disk, a sync tool): ``state.json``
+records the size and sha256 of every other file and of its own content (``qeebm.integrity``), and
+resume checks them before it loads anything (``resume_checkpoint``). A damaged checkpoint is skipped
+with a one-line warning and set aside as ``step-XXXXXXX.damaged`` (never deleted; out of the way of
+pruning and of the checkpoint the resumed run writes at that step), and the run resumes from the
+newest intact one; when none is intact the run stops with one line naming each, and nothing moves.
+
 Every file is read back with ``torch.load(weights_only=True)``: tensors and plain containers only,
 so a checkpoint from elsewhere cannot run code when loaded. DeepSpeed's optimiser partitions hold a
 few of DeepSpeed's own records besides (its loss scaler, the partitions' fragment addresses); those,
@@ -22,11 +29,13 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import pickle
 import random
 import re
 import shutil
+import zipfile
 from pathlib import Path
 from typing import Iterator
 
@@ -35,8 +44,12 @@ import torch
 import yaml
 
 from qeebm.config import Config, dump_config, flat_dict, saved_sampler_defaults, to_dict, upgrade_keys
-from qeebm.errors import QeebmError
+from qeebm.errors import QeebmError, first_line
+from qeebm.integrity import Damaged, check, read_record, seal, unsealed
 
+log = logging.getLogger(__name__)
+
+STATE = "state.json"
 STEP_DIR = re.compile(r"^step-(\d+)$")
 # Config keys that may change between a run and its resume: they do not change the weights.
 RESUMABLE_CHANGES = ("logging.", "output.", "optim.max_steps", "optim.max_nonfinite_steps", "eval.every", "eval.patience",
@@ -185,10 +198,16 @@ def save_checkpoint(root: Path, step: int, *, model, optimizer, scheduler, state
                 if not optimizer_per_process:
                     torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
                 torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
-                (tmp / "state.json").write_text(json.dumps(state, indent=1), encoding="utf-8")
                 if method_state is not None:
                     torch.save(method_state, tmp / "method.pt")
         except Exception as err:  # noqa: BLE001 - any failure of a write is reported below, on every process
+            error = err
+    # The state file goes last, once every process's files are in place: it records their digests.
+    if _all_ok(accelerator, error is None) and accelerator.is_main_process:
+        try:
+            names = [p.name for p in tmp.iterdir() if p.is_file()]
+            (tmp / STATE).write_text(json.dumps(seal(state, tmp, names), indent=1), encoding="utf-8")
+        except Exception as err:  # noqa: BLE001 - as above
             error = err
     if not _all_ok(accelerator, error is None):
         if accelerator.is_main_process:
@@ -199,6 +218,7 @@ def save_checkpoint(root: Path, step: int, *, model, optimizer, scheduler, state
                          f"({previous if previous is not None else 'none'}) is untouched") from error
     if accelerator.is_main_process:
         _replace_dir(tmp, final)
+        # Only step-* directories are pruned: a checkpoint set aside as damaged never is.
         if keep_last > 0:
             for old in list_checkpoints(root)[:-keep_last]:
                 shutil.rmtree(old, ignore_errors=True)
@@ -216,12 +236,14 @@ def config_changes(old: dict, new: dict, ignore: tuple[str, ...] = ()) -> list[s
 
 
 def read_state(path: Path) -> dict:
-    return json.loads((Path(path) / "state.json").read_text(encoding="utf-8"))
+    """The loop state a checkpoint's ``state.json`` holds (without its digests)."""
+    return unsealed(read_record(Path(path) / STATE))
 
 
 def load_file(path: Path):
     """``torch.load`` of one checkpoint file, tensors and plain containers only (``weights_only``):
-    a pickle that would run code or build other objects is refused with a one-line error."""
+    a pickle that would run code or build other objects is refused with a one-line error, and a
+    file that cannot be read is named with the cause."""
     try:
         with torch.serialization.safe_globals(_deepspeed_safe_globals()):
             return torch.load(path, map_location="cpu", weights_only=True)
@@ -230,6 +252,10 @@ def load_file(path: Path):
         found = re.search(r"Unsupported global: GLOBAL (\S+)|Unsupported operand \d+", str(err))
         what = found.group(1) or found.group(0) if found else type(err).__name__
         raise QeebmError(f"{path}: refused to load: it holds more than tensors and plain containers ({what})") from None
+    except FileNotFoundError:
+        raise Damaged(path, "missing") from None
+    except (OSError, EOFError, RuntimeError, ValueError) as err:  # how torch reports a cut or garbled file
+        raise Damaged(path, f"cannot be read ({type(err).__name__}: {first_line(err)})") from None
 
 
 def _deepspeed_safe_globals() -> list:
@@ -292,11 +318,107 @@ def restore_rng(path: Path, rank: int) -> bool:
 
 
 # ----------------------------------------------------------------------------------------------
+# Checking before a resume
+
+
+def verify_checkpoint(path: Path) -> None:
+    """Raise ``Damaged`` naming a file of checkpoint ``path`` that is not what was written, and how.
+
+    The digests in its state file cover every file. A checkpoint written before they were recorded
+    gets what its files allow (and says so at INFO): its state file must parse, its model, optimiser
+    and scheduler files exist, and each ``.pt`` file (a zip archive) match its members' CRC-32s."""
+    path = Path(path)
+    state = path / STATE
+    if check(read_record(state), path, state):
+        return
+    log.info("%s was written without file digests: checked its state file's JSON and its files' zip CRC-32s only", path)
+    for name in ("model.pt", "scheduler.pt"):
+        if not (path / name).is_file():
+            raise Damaged(path / name, "missing")
+    if not (path / "optimizer.pt").is_file() and not any(path.glob("optimizer-*.pt")):
+        raise Damaged(path / "optimizer.pt", "missing")
+    for file in sorted(path.glob("*.pt")):
+        _check_zip(file)
+
+
+def _check_zip(path: Path) -> None:
+    size = path.stat().st_size
+    if size == 0:
+        raise Damaged(path, "empty (0 bytes)")
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+    except Exception as err:  # noqa: BLE001 - zipfile reports a cut or garbled archive in several ways
+        raise Damaged(path, f"truncated or garbled ({size} bytes; {type(err).__name__}: {first_line(err)})") from None
+    if bad is not None:
+        raise Damaged(path, f"changed (the CRC-32 of its part {bad} does not match)")
+
+
+def newest_intact(root: Path) -> Path | None:
+    """The newest checkpoint under ``root`` that passes ``verify_checkpoint``; None when there is
+    none at all. Each newer one that fails is set aside (``set_aside``) with a one-line warning
+    naming the file and the cause. When none passes, a QeebmError names every one, and nothing is
+    moved: the same command then fails the same way instead of starting over."""
+    skipped: list[tuple[Path, str]] = []
+    for path in reversed(list_checkpoints(root)):
+        try:
+            verify_checkpoint(path)
+        except (QeebmError, OSError) as err:
+            skipped.append((path, str(err)))
+            continue
+        for bad, cause in skipped:
+            aside = set_aside(bad)
+            log.warning("skipped checkpoint %s: %s; kept as %s; resuming from %s", bad.name, cause, aside.name, path.name)
+        return path
+    if skipped:
+        raise QeebmError(f"cannot resume from {root}: no checkpoint is intact: {'; '.join(c for _, c in skipped)} "
+                         "(all left as they are)")
+    return None
+
+
+def set_aside(path: Path) -> Path:
+    """Rename checkpoint ``path`` to ``<name>.damaged`` (``.damaged-2``, ... when taken): out of the
+    ``step-*`` names that resume, pruning and the next save at that step act on."""
+    aside, n = path.with_name(f"{path.name}.damaged"), 1
+    while aside.exists():
+        n += 1
+        aside = path.with_name(f"{path.name}.damaged-{n}")
+    try:
+        os.rename(path, aside)
+    except OSError as err:
+        raise QeebmError(f"cannot set the damaged checkpoint {path} aside as {aside.name} ({err}); "
+                         "move it out of the way to resume") from None
+    return aside
+
+
+def resume_checkpoint(root: Path, accelerator) -> Path | None:
+    """``newest_intact`` of ``root``, found by the main process, the same on every process
+    (collective: all must call). Only the main process reads, renames and warns."""
+    found, error = None, None
+    if accelerator.is_main_process:
+        try:
+            found = newest_intact(root)
+        except Exception as err:  # noqa: BLE001 - the others learn of it below rather than wait forever
+            error = err
+    if accelerator.num_processes > 1:
+        from accelerate.utils import broadcast_object_list
+
+        box = broadcast_object_list([str(found) if found is not None else None, str(error) if error else None])
+        found = Path(box[0]) if box[0] is not None else None
+        if error is None and box[1] is not None:
+            raise QeebmError(box[1])
+    if error is not None:
+        raise error
+    return found
+
+
+# ----------------------------------------------------------------------------------------------
 # The run directory
 
 
 def prepare_run_dir(cfg: Config, run_dir: Path, accelerator) -> Path | None:
-    """Check ``run_dir`` against this run, write config.yaml; return the checkpoint to resume from."""
+    """Check ``run_dir`` against this run, write config.yaml; return its newest checkpoint when the
+    run resumes (unchecked: ``resume_checkpoint`` chooses the one to load)."""
     saved, latest = run_dir / "config.yaml", latest_checkpoint(run_dir / "checkpoints")
     if latest is not None and not cfg.output.resume:
         raise QeebmError(f"{run_dir} already holds checkpoints ({latest.name}); set output.resume=true to continue, "

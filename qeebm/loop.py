@@ -83,10 +83,12 @@ def train(cfg: Config) -> TrainResult:
     accelerator = make_accelerator(cfg, run_dir)
     set_seed(cfg.seed)
     check_config(cfg, accelerator.num_processes)
-    resume_from = ckpt.prepare_run_dir(cfg, run_dir, accelerator)
+    newest = ckpt.prepare_run_dir(cfg, run_dir, accelerator)
     handler = _FileLog(run_dir / "train.log") if accelerator.is_main_process else None
     metrics_log = None
     try:
+        # Checked before anything is loaded; a damaged checkpoint is set aside for an older intact one.
+        resume_from = ckpt.resume_checkpoint(run_dir / "checkpoints", accelerator) if newest is not None else None
         translator = Translator.load(cfg.model)
         train_set, dev_set = load_data(cfg, translator)
 

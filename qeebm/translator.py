@@ -21,6 +21,7 @@ import torch
 
 from qeebm.config import GenerationConfig, LoraConfig, ModelConfig
 from qeebm.errors import QeebmError, first_line
+from qeebm.integrity import check_model_dir, seal_model_dir
 from qeebm.langcodes import to_model_code
 
 log = logging.getLogger(__name__)
@@ -71,6 +72,10 @@ def _from_pretrained(loader, name: str, local: Path | None, what: str, **kwargs)
     except (ValueError, TypeError) as err:
         # transformers reports a directory without the needed files this way too (e.g. no vocab file).
         raise QeebmError(f"cannot load {what} from '{name}': {first_line(err)}") from None
+    except Exception as err:  # noqa: BLE001 - safetensors and tokenizers raise their own types for a damaged file
+        if local is None:
+            raise
+        raise QeebmError(f"cannot load {what} from '{local}': {type(err).__name__}: {first_line(err)}") from None
 
 
 def _load_weights(name: str, local: Path | None, config, dropout: float | None):
@@ -285,17 +290,22 @@ class Translator:
         languages mapped from NLLB codes; optional dropout override and LoRA (peft).
 
         A directory holding a peft adapter (adapter_config.json, as ``save(merge_lora=False)`` writes)
-        loads its base model and the adapter, trainable."""
+        loads its base model and the adapter, trainable. A local directory's files are checked first
+        (``integrity.check_model_dir``): a damaged one is a one-line error naming the file."""
         from transformers import AutoConfig, AutoTokenizer
 
         name = cfg.name_or_path
         local = _local_dir(name)
+        if local is not None:
+            check_model_dir(local)  # a damaged file is named before anything is read from the directory
         adapter = local is not None and (local / ADAPTER_CONFIG).is_file()
         if adapter:
             base_name = json.loads((local / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
             if not base_name:
                 raise QeebmError(f"adapter '{local}' does not name its base model (base_model_name_or_path)")
             base_local = _local_dir(base_name)
+            if base_local is not None:
+                check_model_dir(base_local)
         else:
             base_name, base_local = name, local
         # Everything cheap is checked before the weights are read: a mistyped language code should not
@@ -544,7 +554,8 @@ class Translator:
 
         With merge_lora=False a LoRA translator writes only its adapter (adapter_config.json names the
         base model), which ``Translator.load`` reloads. A dropout override is not saved: the written
-        config keeps the checkpoint's own dropout rates."""
+        config keeps the checkpoint's own dropout rates. ``digests.json`` records every file's size
+        and sha256 (qeebm.integrity), checked by ``Translator.load``."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         if self.is_lora and merge_lora:
@@ -563,6 +574,7 @@ class Translator:
             for key, value in current.items():
                 setattr(config, key, value)
         self.tokenizer.save_pretrained(str(out))
+        seal_model_dir(out)  # Translator.load checks the files against it
 
 
 def translate_file(

@@ -1,12 +1,16 @@
 """Faults a long run meets: a non-finite loss (skipped, counted, logged; too many in a row stop the
-run), a checkpoint file that would run code when loaded (refused), and preemption by a signal
-(checkpoint, exit 0, exact resume; in one process with SIGTERM, and a real two-process gloo run with
-SIGUSR1)."""
+run), a checkpoint file that would run code when loaded (refused), a damaged checkpoint or model
+directory (named; resume falls back to the newest intact checkpoint, exactly), and preemption by a
+signal (checkpoint, exit 0, exact resume; in one process with SIGTERM, and a real two-process gloo
+run with SIGUSR1)."""
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -18,6 +22,8 @@ import torch
 from ddp_parity import assert_identical, finish, launch_two, make_config, read_metrics
 from test_qe_ebm import ENERGY_ONLY, qe_config, world  # noqa: F401 - world: the tiny world with a Kiwi, a fixture
 from qeebm import checkpoint as ckpt
+from qeebm import integrity
+from qeebm.cli import main
 from qeebm.step_sampler import StepSampler
 from qeebm.errors import QeebmError
 from qeebm.loop import train
@@ -147,6 +153,7 @@ def test_a_checkpoint_that_would_run_code_is_refused(world, tmp_path, name):
     marker = tmp_path / "code-ran"
     path = ckpt.step_dir(run / "checkpoints", 1) / name
     torch.save({"state": _RunsCode(marker)}, path)  # pickling runs nothing; unpickling would
+    reseal(path.parent)  # whoever crafts the file can forge its digest too
     with pytest.raises(QeebmError, match=rf"{re.escape(str(path))}: refused to load"):
         if name == "method.pt":
             ckpt.load_method_state(path.parent, _MethodWithState())
@@ -256,3 +263,229 @@ def test_preempted_two_process_run_resumes_exactly(world, tmp_path):
     for name in ("model.pt", "optimizer.pt", "scheduler.pt"):
         assert_identical(ckpt.load_file(ckpt.step_dir(tmp_path / "straight" / "checkpoints", 20) / name),
                          ckpt.load_file(ckpt.step_dir(run / "checkpoints", 20) / name), name)
+
+
+# ----------------------------------------------------------------------------------------------
+# Damaged checkpoints and model directories
+
+PARTS = ["model.pt", "optimizer.pt", "scheduler.pt", "rng-0.pt", "method.pt", "state.json"]
+KINDS = ["truncated", "empty", "flipped"]
+
+
+def damage(path: Path, kind: str) -> bytes:
+    """Damage a file as a cut copy, a failing disk or a sync tool does; return its new bytes. A
+    flipped bit in state.json turns the step's digit into another, so the file is still valid JSON."""
+    data = path.read_bytes()
+    if kind == "truncated":
+        new = data[: len(data) // 2]
+    elif kind == "empty":
+        new = b""
+    else:
+        at = data.index(b'"step": ') + len(b'"step": ') if path.name == "state.json" else len(data) // 2
+        new = data[:at] + bytes([data[at] ^ 1]) + data[at + 1:]
+    path.write_bytes(new)
+    return new
+
+
+def reseal(step: Path) -> None:
+    """Record the digests of ``step``'s files as they are now."""
+    state = integrity.unsealed(json.loads((step / "state.json").read_text()))
+    names = [p.name for p in step.iterdir() if p.name != "state.json"]
+    (step / "state.json").write_text(json.dumps(integrity.seal(state, step, names), indent=1))
+
+
+def strip_digests(root: Path) -> None:
+    """Make every checkpoint under ``root`` look written before digests were recorded."""
+    for step in ckpt.list_checkpoints(root):
+        state = json.loads((step / "state.json").read_text())
+        (step / "state.json").write_text(json.dumps(integrity.unsealed(state), indent=1))
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def qe_run(world, tmp_path_factory) -> Path:
+    """An uninterrupted QE-EBM static run of 3 steps (sampling, so resume must restore the RNGs),
+    a checkpoint after every step, all kept; the tests damage copies of it."""
+    run = tmp_path_factory.mktemp("qe_run") / "run"
+    train(qe_ebm_config(world, run, "optim.max_steps=3"))
+    return run
+
+
+def warnings_of(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("part", PARTS)
+def test_a_damaged_checkpoint_is_set_aside_for_the_newest_intact_one(qe_run, tmp_path, caplog, part, kind):
+    root = tmp_path / "checkpoints"
+    shutil.copytree(qe_run / "checkpoints", root)
+    written = (root / "step-0000003" / part).read_bytes()
+    new = damage(root / "step-0000003" / part, kind)
+    with caplog.at_level(logging.INFO, logger="qeebm"):
+        assert ckpt.newest_intact(root) == ckpt.step_dir(root, 2)
+    if part == "state.json":
+        cause = {"truncated": "not valid JSON (", "empty": "empty (0 bytes)",
+                 "flipped": "its content does not match its own sha256 (changed after it was written)"}[kind]
+    else:
+        cause = {"truncated": f"truncated ({len(new)} of {len(written)} bytes)", "empty": f"empty (0 of {len(written)} bytes)",
+                 "flipped": "changed (same size, but its sha256 is not the one in state.json)"}[kind]
+    (line,) = warnings_of(caplog)
+    assert line.startswith(f"skipped checkpoint step-0000003: {root / 'step-0000003' / part}: damaged: {cause}")
+    assert line.endswith("; kept as step-0000003.damaged; resuming from step-0000002") and "\n" not in line
+    # Set aside, not deleted: every file as it was found, the damaged one included.
+    assert [p.name for p in ckpt.list_checkpoints(root)] == ["step-0000001", "step-0000002"]
+    original = snapshot(qe_run / "checkpoints" / "step-0000003")
+    assert snapshot(root / "step-0000003.damaged") == original | {part: new}
+
+
+def test_damaged_checkpoints_are_set_aside_under_names_never_taken(qe_run, tmp_path):
+    root = tmp_path / "checkpoints"
+    shutil.copytree(qe_run / "checkpoints", root)
+    (root / "step-0000003.damaged").mkdir()  # left by an earlier fall-back at the same step
+    damage(root / "step-0000003" / "model.pt", "truncated")
+    assert ckpt.newest_intact(root) == ckpt.step_dir(root, 2)
+    assert sorted(p.name for p in root.iterdir()) == ["step-0000001", "step-0000002", "step-0000003.damaged",
+                                                       "step-0000003.damaged-2"]
+    assert not any((root / "step-0000003.damaged").iterdir())
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_checkpoint_written_before_digests_is_checked_by_what_its_files_allow(qe_run, tmp_path, caplog, kind):
+    root = tmp_path / "checkpoints"
+    shutil.copytree(qe_run / "checkpoints", root)
+    strip_digests(root)
+    with caplog.at_level(logging.INFO, logger="qeebm"):
+        assert ckpt.newest_intact(root) == ckpt.step_dir(root, 3)  # intact: it still resumes
+    assert f"{ckpt.step_dir(root, 3)} was written without file digests" in caplog.text and not warnings_of(caplog)
+    caplog.clear()
+    written = (root / "step-0000003" / "model.pt").read_bytes()
+    damage(root / "step-0000003" / "model.pt", kind)
+    with caplog.at_level(logging.INFO, logger="qeebm"):
+        assert ckpt.newest_intact(root) == ckpt.step_dir(root, 2)
+    # A cut archive has lost its directory (at the end); a flipped bit fails its part's CRC-32.
+    cause = {"truncated": f"truncated or garbled ({len(written) // 2} bytes; BadZipFile: ", "empty": "empty (0 bytes)",
+             "flipped": "changed (the CRC-32 of its part "}[kind]
+    (line,) = warnings_of(caplog)
+    assert line.startswith(f"skipped checkpoint step-0000003: {root / 'step-0000003' / 'model.pt'}: damaged: {cause}")
+
+
+@pytest.mark.parametrize("digests", [True, False], ids=["digests", "before-digests"])
+def test_a_run_with_damaged_newest_checkpoints_resumes_from_the_intact_one_exactly(world, qe_run, tmp_path, digests):
+    """The newest checkpoint's model.pt cut short (a copy between machines), the one before it with a
+    flipped bit in its optimiser state: the same command resumes from step 1, and ends with the
+    uninterrupted run's weights, optimiser, schedule and method state, and its losses."""
+    run = tmp_path / "run"
+    shutil.copytree(qe_run, run)
+    root = run / "checkpoints"
+    if not digests:
+        strip_digests(root)
+    cut = damage(root / "step-0000003" / "model.pt", "truncated")
+    flipped = damage(root / "step-0000002" / "optimizer.pt", "flipped")
+    # keep_last=1 prunes as the resumed run writes steps 2 and 3: the damaged ones are out of its way.
+    assert train(qe_ebm_config(world, run, "optim.max_steps=3", "output.keep_last=1")).step == 3
+    log = (run / "train.log").read_text(encoding="utf-8")
+    assert f"skipped checkpoint step-0000003: {root / 'step-0000003' / 'model.pt'}: damaged: " in log
+    assert f"skipped checkpoint step-0000002: {root / 'step-0000002' / 'optimizer.pt'}: damaged: changed" in log
+    assert f"resuming from {ckpt.step_dir(root, 1)} (step 1)" in log
+    for name in ("model.pt", "optimizer.pt", "scheduler.pt", "method.pt"):
+        assert_identical(ckpt.load_file(ckpt.step_dir(qe_run / "checkpoints", 3) / name),
+                         ckpt.load_file(ckpt.step_dir(root, 3) / name), name)
+    assert [r["loss"] for r in read_metrics(run)] == [r["loss"] for r in read_metrics(qe_run)]
+    assert [r["step"] for r in read_metrics(run)] == [1, 2, 3]
+    assert sorted(p.name for p in root.iterdir()) == ["step-0000002.damaged", "step-0000003", "step-0000003.damaged"]
+    assert (root / "step-0000003.damaged" / "model.pt").read_bytes() == cut
+    assert (root / "step-0000002.damaged" / "optimizer.pt").read_bytes() == flipped
+
+
+def test_a_run_whose_checkpoints_are_all_damaged_stops_with_one_line_naming_each(qe_run, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(qe_run, run)
+    root = run / "checkpoints"
+    bad = [root / "step-0000001" / "scheduler.pt", root / "step-0000002" / "rng-0.pt", root / "step-0000003" / "state.json"]
+    for path, kind in zip(bad, KINDS):
+        damage(path, kind)
+    before = snapshot(root)
+    # The same command as the run's: its own config.
+    assert main(["train", "--config", str(run / "config.yaml"), f"output.run_dir={run}"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"error: cannot resume from {root}: no checkpoint is intact: ")
+    assert all(f"{path}: damaged: " in line for path in bad)
+    assert snapshot(root) == before  # nothing moved or deleted: the same command fails the same way
+
+
+MODEL_CASES = [("digests", "model.safetensors", "truncated"), ("digests", "model.safetensors", "empty"),
+               ("digests", "model.safetensors", "flipped"), ("digests", "tokenizer.json", "flipped"),
+               ("none", "model.safetensors", "truncated"), ("none", "model.safetensors", "empty"),
+               ("none", "config.json", "truncated")]
+
+
+@pytest.mark.parametrize("record,name,kind", MODEL_CASES, ids=["-".join(c) for c in MODEL_CASES])
+def test_translate_on_a_damaged_model_directory_is_one_line_naming_the_file(qe_run, tmp_path, capsys, record, name, kind):
+    """final/ with its digests.json, and without one (a model directory from elsewhere: there a
+    flipped tensor byte cannot be told from a trained one, a cut file can)."""
+    model = tmp_path / "final"
+    shutil.copytree(qe_run / "final", model)
+    if record == "none":
+        (model / "digests.json").unlink()
+    size = (model / name).stat().st_size
+    new = damage(model / name, kind)
+    src = tmp_path / "src.txt"
+    src.write_text("the cat sat\n", encoding="utf-8")
+    assert main(["translate", "--model", str(model), "-i", str(src), "-o", str(tmp_path / "hyp.txt")]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    cause = {("digests", "truncated"): f"truncated ({len(new)} of {size} bytes)",
+             ("digests", "empty"): f"empty (0 of {size} bytes)",
+             ("digests", "flipped"): "changed (same size, but its sha256 is not the one in digests.json)",
+             ("none", "truncated"): "truncated (" if name.endswith(".safetensors") else "not valid JSON (",
+             ("none", "empty"): "empty (0 bytes)"}[record, kind]
+    assert line.startswith(f"error: {model / name}: damaged: {cause}")
+    assert not (tmp_path / "hyp.txt").exists()
+
+
+def test_evaluate_run_on_a_damaged_model_is_one_line_naming_the_file(world, qe_run, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(qe_run, run)
+    damage(run / "final" / "model.safetensors", "truncated")
+    test = world["base"].parent / "dev.tsv"
+    assert main(["evaluate", "--run", str(run), "--test", str(test), "--no-neural"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"error: {run / 'final' / 'model.safetensors'}: damaged: truncated (")
+
+
+def test_a_record_names_a_missing_or_grown_file_and_a_forged_record(tmp_path):
+    (tmp_path / "a.pt").write_bytes(b"0123456789")
+    (tmp_path / "b.json").write_text("{}")
+    record = integrity.seal({"step": 4}, tmp_path, ["a.pt", "b.json"])
+    assert record["files"]["a.pt"]["bytes"] == 10 and integrity.unsealed(record) == {"step": 4}
+    where = tmp_path / "state.json"
+    assert integrity.check(record, tmp_path, where) and not integrity.check({"step": 4}, tmp_path, where)
+    (tmp_path / "a.pt").write_bytes(b"0123456789!")
+    with pytest.raises(integrity.Damaged, match=re.escape(f"{tmp_path / 'a.pt'}: damaged: longer than written (11 bytes, 10 written)")):
+        integrity.check(record, tmp_path, where)
+    (tmp_path / "a.pt").unlink()
+    with pytest.raises(integrity.Damaged, match=re.escape(f"{tmp_path / 'a.pt'}: damaged: missing (listed in state.json)")):
+        integrity.check(record, tmp_path, where)
+    # An edited value with the old digest, or a digest key lost to a flipped bit.
+    for forged in ({**record, "step": 5}, {k: v for k, v in record.items() if k != "sha256"}):
+        with pytest.raises(integrity.Damaged, match="does not match its own sha256"):
+            integrity.check(forged, tmp_path, where)
+
+
+def test_a_safetensors_file_must_end_where_its_header_says(tmp_path):
+    from safetensors.torch import save_file
+
+    path = tmp_path / "model.safetensors"
+    save_file({"w": torch.ones(4, 4)}, str(path))
+    integrity.check_safetensors(path)
+    data = path.read_bytes()
+    for new, cause in ((data + b"\0", f"longer than its header says ({len(data) + 1} bytes, {len(data)} expected)"),
+                       (data[:-1], f"truncated ({len(data) - 1} of {len(data)} bytes)"),
+                       (data[:5], "truncated (5 bytes: shorter than its own header)"),
+                       (data[:8] + b"{" * (len(data) - 8), "its header is not valid safetensors JSON")):
+        path.write_bytes(new)
+        with pytest.raises(integrity.Damaged, match=re.escape(f"{path}: damaged: {cause}")):
+            integrity.check_safetensors(path)
