@@ -32,10 +32,60 @@ def test_micro_world_has_every_artifact(micro_world):
     src, mt, score = read_judged(micro_world / "qe/heldout.tsv")
     assert len(score) == manifest_heldout(micro_world) and all(0.0 <= y <= 1.0 for y in score)
     report = json.loads((micro_world / "qe/qe_report.json").read_text())
-    for name in ("kiwi", "comet", "judge"):
-        for key in ("pearson", "spearman", "outputs_pearson", "within_source_pearson", "prefers_reference_over"):
+    for name in ("kiwi-v1", "comet", "judge-v1"):
+        for key in ("pearson", "spearman", "outputs_pearson", "within_source_pearson", "prefers_reference_over",
+                    "top_range"):
+            assert key in report[name], (name, key)
+    for name in ("kiwi", "judge"):
+        for key in ("pearson", "spearman", "prefers_reference_over", "top_range", "continued_from"):
             assert key in report[name], (name, key)
     assert report["judge"]["seed"] != report["kiwi"]["seed"] and report["judge"]["shape"] != report["kiwi"]["shape"]
+
+
+def test_the_top_range_stage_trains_the_first_qes_further_on_converged_systems(micro_world):
+    from qeebm.qe.models import load_qe
+    from qeebm.qe.scoring import QEScorer
+
+    report = json.loads((micro_world / "qe/qe_report.json").read_text())
+    assert report["kiwi"]["continued_from"] == "kiwi-v1" and report["judge"]["continued_from"] == "judge-v1"
+    # Their judged rows: the plateau run's checkpoints and the QE-trained systems from its end, every
+    # decoding, with the same corruptions, degenerations and references as the first rows.
+    lines = (micro_world / "qe/train_qe_top.tsv").read_text(encoding="utf-8").splitlines()[1:]
+    origins = {line.split("\t")[4] for line in lines}
+    top = SIZES["micro"].top_range
+    systems = {o.split("/")[0] for o in origins if "/" in o and not o.startswith(("corrupt", "degenerate"))}
+    assert systems == {f"nllb-plateau@{s}" for s in top["checkpoints"]} | {"nllb-qe-ebm", "nllb-reinforce"}
+    assert any(o.startswith("corrupt/") for o in origins) and any(o.startswith("degenerate/") for o in origins)
+    assert report["kiwi"]["train_examples"] == len(lines)
+    # Trained further: the same inputs now score otherwise.
+    src, mt = ["the cat sees a dog.", "i am here."], ["муур нохой харна.", "би энд байна."]
+    assert QEScorer(load_qe(str(micro_world / "qe/kiwi"))).score(src, mt) != \
+        QEScorer(load_qe(str(micro_world / "qe/kiwi-v1"))).score(src, mt)
+    # The top of the range is at least half of the plateau system's outputs (its median and above).
+    for name in ("kiwi", "kiwi-v1", "comet"):
+        r = report[name]["top_range"]
+        assert 0 < r["top"]["rows"] <= r["all"]["rows"]
+
+
+def test_top_range_report_of_the_true_quality_is_perfect():
+    from qeebm.tinyworld.judged import Judged, quality
+    from qeebm.tinyworld.toprange import top_range_report
+
+    ref = "Миний том ногоон аяга ширээн дээр байна."
+    words = ref.split()
+    rows = []
+    for i, src in enumerate(["a", "b", "c"]):
+        for k in range(4):
+            mt = " ".join(words[:len(words) - k - i % 2])
+            rows.append(Judged(src, mt, ref, quality(mt, ref), "nllb-plateau@6/sample"))
+
+    class TrueQuality:
+        def score(self, src, mt):
+            return [quality(m, ref) for m in mt]
+
+    out = top_range_report(TrueQuality(), rows, "nllb-plateau")
+    assert out["all"]["pearson"] == pytest.approx(1.0) and out["all"]["within_source_pearson"] == pytest.approx(1.0)
+    assert out["top"]["pearson"] == pytest.approx(1.0) and out["top"]["rows"] >= len(rows) // 2
 
 
 def test_splits_follow_the_published_protocol_and_never_meet(micro_world):

@@ -240,7 +240,9 @@ def add_top_range(world: str | Path, seed: int = 0, size: str = "default", manif
     old = json.loads(report_path.read_text())
     report = {FIRST.get(name, name): record for name, record in old.items() if name not in FIRST.values()}
     for name, record in top["fitted"].items():
-        report[name] = {k: v for k, v in record.items() if k not in ("path", "seconds")} | {"top_range_rows": top["rows"]}
+        first = report[FIRST[name]]
+        report[name] = {k: first[k] for k in ("kind", "seed", "shape", "heldout_rows", "output_rows") if k in first}
+        report[name] |= {k: v for k, v in record.items() if k not in ("path", "seconds")} | {"top_range_rows": top["rows"]}
     last = f"{spec.top_range['families'][0]}-plateau@{spec.top_range['checkpoints'][-1]}"
     measured = measure_qes(world, sorted(report), top["samples"], last, seed)
     for name, values in measured.items():
