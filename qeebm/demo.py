@@ -72,7 +72,7 @@ def budget(quick: bool) -> dict:
     if quick:
         return {"plateau": {"steps": 8, "every": 4, "patience": 0},
                 "steps": 4, "batch_size": 4, "every": 2, "patience": 0, "eval_examples": 16}
-    return {"plateau": {"steps": 8000, "every": 200, "patience": 10},
+    return {"plateau": {"steps": 6000, "every": 100, "patience": 10},
             "steps": 400, "batch_size": 16, "every": 50, "patience": 10, "eval_examples": 0}
 
 
