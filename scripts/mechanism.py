@@ -37,6 +37,7 @@ except ImportError:  # run from a checkout without `pip install -e .`
 
 from qeebm.config import data_path_overrides
 from qeebm.demo import train_worker
+from qeebm.entry import setup_process
 from qeebm.runlog import read_metrics, validations
 
 # name -> (recipe, overrides): every variant optimises Kiwi alone.
@@ -149,6 +150,7 @@ def plot(curves: dict[str, list[dict]], chosen: dict[str, float], per_step: dict
 
 
 def main(argv=None) -> int:
+    setup_process()
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--world", default="data/tinyworld", help="a built tiny world (default %(default)s)")
     p.add_argument("--base", default="nllb-base", help="its base translator to start from (default %(default)s)")

@@ -35,6 +35,7 @@ except ImportError:  # run from a checkout without `pip install -e .`
 
 from qeebm.config import SYSTEMS
 from qeebm.demo import budget, evaluate_and_compare, train_runs
+from qeebm.entry import setup_process
 from qeebm.runlog import best_validation
 
 SFT_LRS = (2e-3, 4e-3, 6e-3, 8e-3)
@@ -83,6 +84,7 @@ def train_all(runs: dict, settings: dict, world: Path, b: dict, base: str) -> No
 
 
 def main(argv=None) -> int:
+    setup_process()
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--world", default="data/tinyworld", help="a built tiny world (default %(default)s)")
     p.add_argument("--out", default="runs/sweep", help="output directory (default %(default)s)")
