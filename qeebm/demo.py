@@ -28,13 +28,14 @@ from pathlib import Path
 
 import torch
 
+from qeebm import resources
 from qeebm.config import SEEDS, SYSTEMS, data_path_overrides
 from qeebm.runlog import validations
 from qeebm.tinyworld.build import build, is_built
 
 log = logging.getLogger("qeebm.demo")
 
-CONFIGS = Path(__file__).resolve().parent.parent / "recipes" / "configs"
+CONFIGS = resources.CONFIGS
 
 
 # Each system's training time in the demo (seconds on the project's 2-core CPU, stop 26), to start

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Union
 
+from qeebm import resources
 from qeebm.config import SEEDS, SYSTEMS, Config, data_path_overrides, flat_dict, load_config, to_dict
 from qeebm.data_prep import HubCorpus, is_prepared
 from qeebm.entry import setup_process
@@ -46,7 +47,7 @@ from qeebm.qad import DEFAULT_CANDIDATES
 log = logging.getLogger("qeebm.recipe")
 
 REPO = Path(__file__).resolve().parent.parent
-CONFIGS = REPO / "recipes" / "configs" / "real"
+CONFIGS = resources.CONFIGS / "real"
 DEFAULT_MODEL = "mbart50"
 
 

@@ -46,13 +46,14 @@ from pathlib import Path
 
 import torch
 
+from qeebm import resources
 from qeebm.config import data_path_overrides, load_config
 from qeebm.errors import QeebmError
 from qeebm.langcodes import FAMILIES
 
 log = logging.getLogger("qeebm.tinyworld")
 
-SHIPPED_QE = Path(__file__).resolve().parents[2] / "data" / "tinyworld-qe"
+SHIPPED_QE = resources.SHIPPED_QE
 BASE_PREFIXES = tuple(f"{f}-base/" for f in FAMILIES)  # the base translators' files in a world
 QE_MODELS = ("kiwi", "comet", "judge")  # every world's; the default one also has weaker kiwis
 
@@ -634,11 +635,14 @@ def export_qe(world: str | Path, out: str | Path) -> Path:
 
 
 def _code_version() -> str:
-    """The commit of this checkout, when there is one (the QEs' weights depend on the sampler's code)."""
+    """The commit of this checkout, when there is one (the QEs' weights depend on the sampler's code);
+    an installed package has none."""
     import subprocess
 
     from qeebm import __version__
 
+    if not (resources.PACKAGE.parent / ".git").exists():
+        return f"qeebm {__version__}"
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
                                 text=True, timeout=10).stdout.strip()
