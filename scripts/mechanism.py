@@ -57,7 +57,7 @@ def variant_overrides(name: str, k: int) -> list[str]:
                 "qe_ebm.guards=false",
                 f"qe_ebm.sampling.num_samples={k}", "qe_ebm.sampling.temperature=1.0", "qe_ebm.sampling.top_k=0", "qe_ebm.sampling.top_p=1.0"]
     if method == "reinforce":
-        return ["reinforce.alpha=0.0", "reinforce.beta=1.0", "reinforce.guards=false", f"reinforce.sampling.num_samples={k}",
+        return ["reinforce.alpha=0.0", "reinforce.pg_weight=1.0", "reinforce.guards=false", f"reinforce.sampling.num_samples={k}",
                 "reinforce.sampling.temperature=1.0", "reinforce.sampling.top_k=0", "reinforce.sampling.top_p=1.0"]
     return ["ppo.alpha=0.0", "ppo.guards=false", f"ppo.sampling.num_samples={k}", "ppo.sampling.temperature=1.0", "ppo.sampling.top_k=0",
             "ppo.sampling.top_p=1.0"]

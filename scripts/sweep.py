@@ -7,7 +7,7 @@ Every setting is trained under the demo's protocol (``qeebm/demo.py``: ``budget`
 to tune; for every other method SFT's best learning rate times each of ``--lr-factors`` (default 0.5
 and 1: an added loss term can want a smaller step; PPO also those divided by its 8 optimiser updates
 per step), crossed with two values of the method's own knob:
-the energy's weight rho for QE-EBM (relative weighting), the policy-gradient weight beta for
+the energy's weight rho for QE-EBM (relative weighting), the policy-gradient weight for
 REINFORCE, the KL target for PPO, the pseudo-target weight for QE finetuning. A setting's score is
 its best validation on dev, by the selection metric (``--metric``: ``chrf``, the default, or
 ``kiwi``, the published checkpoint selection; a Kiwi pick of settings chooses whatever raises the
@@ -47,9 +47,9 @@ KNOBS = {
     # its place, for both variants.
     "qe-ebm-static": ("qe_ebm.rho", (0.3, 0.1), "rho"),
     "qe-ebm-dynamic": ("qe_ebm.rho", (0.3, 0.1), "rho"),
-    "reinforce": ("reinforce.beta", (0.3, 1.0), "beta"),
+    "reinforce": ("reinforce.pg_weight", (0.3, 1.0), "pg_weight"),
     "ppo": ("ppo.kl_target", (1.0, 4.0), "KL target"),
-    "qe-finetune": ("qe_finetune.beta", (0.5, 1.0), "beta"),
+    "qe-finetune": ("qe_finetune.distill_weight", (0.5, 1.0), "distill_weight"),
 }
 
 
