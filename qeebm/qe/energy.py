@@ -18,13 +18,19 @@ comet/models/multitask/unified_metric.py, ``UnifiedMetric.forward``):
 The value is exactly ``model.predict`` on the decoded translation (``relaxation="st"``); only the
 backward pass differs from a plain lookup (see ``qeebm/qe/bridge.py``).
 
-With a ``qeebm.translator.Translator``::
+With a ``qeebm.translator.Translator``, as ``QeEbm.loss`` uses it::
 
-    seqs = translator.generate_ids(input_ids, attention_mask, gen, k)      # [B*k, 1 + T]
+    energy = load_energy(qe_path, translator, freeze=True)
+    seqs = translator.generate_ids(input_ids, attention_mask, gen, k)       # [B*k, 1 + T]
     tf = translator.teacher_forcing(seqs)
-    logits = translator.model(input_ids=..., attention_mask=...,           # repeated k times
-                              decoder_input_ids=tf["decoder_input_ids"]).logits
-    energy = kiwi_energy(src, seqs[:, 1:], tf["labels"] != -100, logits)    # [B*k]
+    mt_ids, mt_mask = seqs[:, 1:], tf["labels"] != -100
+    # Only the steps the energy reads are projected onto the vocabulary: [N, V_nmt] logits.
+    with output_rows(translator.model, energy.bridge.content_mask(mt_ids, mt_mask)):
+        logits = translator.model(input_ids=..., attention_mask=...,        # the sources, repeated k times
+                                  decoder_input_ids=tf["decoder_input_ids"]).logits
+    e = energy(src, mt_ids, mt_mask, logits)                                # [B*k]
+
+(``[B*k, T, V_nmt]`` logits of every step are accepted too; the energy keeps their content rows.)
 """
 
 from __future__ import annotations
