@@ -524,8 +524,8 @@ CORPUS_FORMATS = ("auto", "tsv", "jsonl", "text", "hf")
 SAMPLING_SECTIONS = ("qe_ebm", "reinforce", "ppo")
 # "inverse-cdf": one uniform per row and a search of the cumulative probabilities (the default);
 # "multinomial": transformers' own sampling, torch.multinomial, which draws one exponential per
-# vocabulary entry and row at every step (the toolkit's sampler before stop 27: it reproduces runs
-# made then exactly, and it was half of a tiny-world rollout).
+# vocabulary entry and row at every step (the toolkit's sampler before commit e015914, 2026-12-03: it
+# reproduces runs made before then exactly, and it was half of a tiny-world rollout).
 SAMPLERS = ("inverse-cdf", "multinomial")
 # String fields with a fixed set of values; checked after the types so the message can list them.
 CHOICES = {
@@ -604,8 +604,8 @@ def upgrade_keys(values: dict, warn: bool = True) -> dict:
 
 
 def saved_sampler_defaults(values: dict) -> dict:
-    """A run directory's saved config as its run was: one written before ``sampler`` existed (stop
-    27) drew with torch.multinomial, so its missing sampler keys are "multinomial". Resuming it with
+    """A run directory's saved config as its run was: one written before ``sampler`` existed (before
+    commit e015914) drew with torch.multinomial, so its missing sampler keys are "multinomial". Resuming it with
     today's default is then refused naming them, and ``...sampler=multinomial`` overrides resume it
     exactly. Only for saved configs: a recipe without the key means the default."""
     out = copy.deepcopy(values)

@@ -38,7 +38,7 @@ log = logging.getLogger("qeebm.demo")
 CONFIGS = resources.CONFIGS
 
 
-# Each system's training time in the demo (seconds on the project's 2-core CPU, stop 26), to start
+# Each system's training time in the demo (seconds on the project's 2-core CPU, 2026-12-03), to start
 # the longest first; only their order matters.
 EXPECTED_SECONDS = {"qe-ebm-dynamic": 803, "reinforce": 497, "qe-ebm-static": 481, "qe-finetune": 316, "ppo": 217,
                     "sft": 44}
@@ -182,7 +182,7 @@ def train_runs(run_dirs: dict, world: Path, b: dict, base: str, seed: int | None
     timings = {}
     t = time.perf_counter()
     # The longest runs first: two workers then finish close together (in SYSTEMS' order QE-dynamic,
-    # the longest, started last and ran alone for about 4 of the demo's 24 minutes at stop 26).
+    # the longest, started last and ran alone for about 4 of the demo's 24 minutes, measured 2026-12-03).
     order = sorted(run_dirs.items(), key=lambda item: -EXPECTED_SECONDS.get(item[0][0], 0.0))
     with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("spawn")) as pool:
         futures = [pool.submit(train_worker, f"{name}/{key}", tiny_recipe(name),
