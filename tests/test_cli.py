@@ -71,6 +71,7 @@ def test_demo_quick_prints_the_method_table_with_selection_rows(micro_world, tmp
 NOISE = "pkg_resources is deprecated"
 
 
+@pytest.mark.slow
 def test_the_cli_keeps_third_party_deprecation_noise_out_of_stderr(tmp_path):
     from qe_helpers import model_dir, toy_triples
 
