@@ -8,6 +8,7 @@ import json
 import logging
 import sys
 
+from qeebm.entry import setup_process
 from qeebm.errors import QeebmError
 
 CONFIG_HELP = "YAML file with the settings that differ from the defaults (see qeebm/config.py)"
@@ -295,6 +296,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    setup_process()
     args = build_parser().parse_args(argv)
     _setup_logging(args.verbose)
     try:

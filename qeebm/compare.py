@@ -8,7 +8,10 @@ for COMET-type scores), so one resampling routine serves all of them:
   ``paired_bs`` makes for the same seed (``default_rng(seed).choice(N, (R, N))``), and is shared by
   every system, seed and metric: the comparisons are paired and use common random numbers.
 * Confidence interval: the 95% percentile interval of the resampled corpus scores, taken as the
-  order statistics sacrebleu uses (sorted[R // 40], sorted[R - R // 40 - 1]).
+  order statistics sacrebleu uses (sorted[R // 40], sorted[R - R // 40 - 1]). The difference to the
+  baseline gets the same interval over the resampled differences: both sides are scored on the
+  same resamples, so it is a paired interval, much narrower than the two scores' own intervals
+  when the systems agree on which segments are hard (the forest plot draws it).
 * Paired test (Koehn 2004): p = (1 + #resamples where the system-minus-baseline difference does not
   keep the observed sign) / (R + 1). The +1 keeps p above zero with a finite number of resamples,
   as sacrebleu does; identical systems give p = 1.
@@ -47,7 +50,7 @@ from qeebm.bootstrap import (
     sacrebleu_paired_p,
     seed_pairs,
 )
-from qeebm.plots import DEFAULT_CURVE_KEYS, plot_curves, plot_metrics
+from qeebm.plots import DEFAULT_CURVE_KEYS, plot_curves, plot_forest
 from qeebm.report import (
     SACREBLEU_METRICS,
     TEXT_KEYS,
@@ -245,6 +248,7 @@ class Cell:
     seed_scores: list[float]
     sd: float | None = None  # over seeds (n - 1); None with one seed
     delta: float | None = None  # score - baseline score; None for the baseline
+    delta_ci: tuple[float, float] | None = None  # 95% percentile interval of the paired resampled differences
     pair_p: list[float] = field(default_factory=list)  # paired bootstrap p per seed pair, in the direction of `delta`
     sig_pairs: int = 0  # pairs with p < ALPHA
     pair_p_sacrebleu: list[float] = field(default_factory=list)
@@ -349,12 +353,14 @@ def compare(entries: Sequence[Entry], baseline: str | None = None, metrics: Sequ
 
     # 2. per system: seed mean, sd, CI of the seed-mean
     cells: dict[str, dict[str, Cell]] = {}
+    seed_means: dict[tuple[str, str], np.ndarray] = {}  # the resampled seed-mean, display units
     for system in systems:
         cells[system.name] = {}
         for metric in metrics:
             x = scale(metric)
             seeds = [observed[system.name, k, metric] * x for k in range(len(system.entries))]
             mean_curve = np.mean([resampled[system.name, k, metric] for k in range(len(seeds))], axis=0) * x
+            seed_means[system.name, metric] = mean_curve
             cells[system.name][metric] = Cell(
                 score=float(np.mean(seeds)), ci=percentile_ci(mean_curve), seed_scores=seeds,
                 sd=float(np.std(seeds, ddof=1)) if len(seeds) > 1 else None)
@@ -373,6 +379,7 @@ def compare(entries: Sequence[Entry], baseline: str | None = None, metrics: Sequ
         for metric in metrics:
             cell = cells[system.name][metric]
             cell.delta = cell.score - cells[base.name][metric].score
+            cell.delta_ci = percentile_ci(seed_means[system.name, metric] - seed_means[base.name, metric])
             for i, j in pairs:
                 d_star = resampled[system.name, i, metric] - resampled[base.name, j, metric]
                 # one-sided in the direction of the seed-mean difference, so a pair pointing the
@@ -420,6 +427,13 @@ def reward_hacking_checks(result: Comparison) -> tuple[list[str], list[str]]:
                     f"{label(metric)} significantly ({delta:+.2f}) but none of the held-out judges "
                     f"({', '.join(label(h) for h in judges)}) improves significantly over {result.baseline}")
     return warnings, notes
+
+
+def curve_runs(result: Comparison) -> list[tuple[str, Path]]:
+    """(label, run directory) of every seed whose training curves are drawn. A row that selected
+    among candidates at decoding time (``sft+rerank``) was not trained: its run directory is the
+    trained system's, so a curve of its own would only repeat that one over it."""
+    return [(e.label, e.run_dir) for s in result.systems if not s.selection for e in s.entries]
 
 
 def selection_line(system: System) -> str | None:
@@ -503,6 +517,8 @@ def comparison_rows(result: Comparison) -> list[dict]:
                 "ci_high": _r(cell.ci[1]),
                 "sd": _r(cell.sd),
                 "delta": _r(cell.delta),
+                "delta_ci_low": _r(cell.delta_ci[0]) if cell.delta_ci else None,
+                "delta_ci_high": _r(cell.delta_ci[1]) if cell.delta_ci else None,
                 "p": _r(cell.p),
                 "sig_pairs": cell.sig_pairs if cell.n_pairs else None,
                 "n_pairs": cell.n_pairs or None,
@@ -587,9 +603,8 @@ def run(inputs: Sequence[str], *, split: str = "test", baseline: str | None = No
         for ext, formatter in FORMATTERS.items():
             (out / f"comparison.{ext}").write_text(formatter(result), encoding="utf-8")
         if plots:
-            plot_metrics(result, out / "plots")
-            runs = [(e.label, e.run_dir) for s in result.systems for e in s.entries]
-            _, notes = plot_curves(runs, curve_keys, out / "plots")
+            plot_forest(result, out / "plots")
+            _, notes = plot_curves(curve_runs(result), curve_keys, out / "plots")
             for line in notes:
                 print(line, file=stderr)
     if fmt != "md":

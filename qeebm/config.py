@@ -311,23 +311,23 @@ class ReinforceConfig:
     """REINFORCE, the paper's policy-gradient baseline: ``sampling.num_samples`` (K) samples of each
     source-only sentence (``data.mono``, global size ``optim.batch_size``), nucleus p=0.9 as
     published; reward = QE score (``qe.path``) with the hits of the ``guards`` penalised (when
-    ``guards`` is true; ``guards.penalty_unit``); loss = alpha * CE(labelled batch) + beta * policy
-    gradient, both token means over the step; no KL term.
+    ``guards`` is true; ``guards.penalty_unit``); loss = alpha * CE(labelled batch) + pg_weight *
+    policy gradient, both token means over the step; no KL term.
 
     ``baseline``: "rloo" (default: the mean of the other K-1 samples of the same source, Kool et al.
     2019, which compares translations of one source with each other), "running_mean" (published: the
     mean of every earlier step's rewards, shared by every source) or "none". ``reward_scaling``:
-    "whiten" (default: divided by the step's standard deviation, so beta does not depend on the QE's
+    "whiten" (default: divided by the step's standard deviation, so pg_weight does not depend on the QE's
     score scale), "max_abs" (published "centred reward scaled to [-1, 1]": divided by the step's
     largest |reward - baseline|, usually one guard hit's) or "none". Both use the whole optimiser
-    step. The paper does not give beta. The log-probabilities are taken under the sampling
+    step. The paper does not give the policy gradient's weight. The log-probabilities are taken under the sampling
     temperature; top_k/top_p truncate the sampler only (the published nucleus estimator)."""
 
     sampling: SamplingConfig = field(default_factory=lambda: SamplingConfig(top_p=0.9))
     baseline: str = "rloo"  # rloo | running_mean | none
     reward_scaling: str = "whiten"  # whiten | max_abs | none
     alpha: float = 1.0  # CE weight; 0 skips the labelled forward pass
-    beta: float = 0.1  # policy-gradient weight
+    pg_weight: float = 0.1  # policy-gradient weight
     guards: bool = True
 
 
@@ -377,7 +377,7 @@ class PPOConfig:
 @dataclass
 class QeFinetuneConfig:
     """QE finetuning (Finkelstein & Freitag 2023, "MBR and QE Finetuning"): loss = alpha * CE(labelled
-    batch) + beta * CE(source-only batch, each source's selected pseudo-target), both label-smoothed
+    batch) + distill_weight * CE(source-only batch, each source's selected pseudo-target), both label-smoothed
     token means like SFT's.
 
     A pseudo-target is the best of ``num_candidates`` translations of the source by the *teacher*: the
@@ -401,7 +401,7 @@ class QeFinetuneConfig:
     utility: str = "chrf"  # mbr: chrf, or a reference-based COMET directory / hub id
     refresh_every: int = 0
     alpha: float = 1.0  # CE weight on the labelled batch; 0 skips its forward pass
-    beta: float = 1.0  # CE weight on the selected pseudo-targets
+    distill_weight: float = 1.0  # CE weight on the selected pseudo-targets
 
 
 @dataclass
@@ -530,8 +530,8 @@ CORPUS_FORMATS = ("auto", "tsv", "jsonl", "text", "hf")
 SAMPLING_SECTIONS = ("qe_ebm", "reinforce", "ppo")
 # "inverse-cdf": one uniform per row and a search of the cumulative probabilities (the default);
 # "multinomial": transformers' own sampling, torch.multinomial, which draws one exponential per
-# vocabulary entry and row at every step (the toolkit's sampler before stop 27: it reproduces runs
-# made then exactly, and it was half of a tiny-world rollout).
+# vocabulary entry and row at every step (the toolkit's sampler before commit e015914, 2026-12-03: it
+# reproduces runs made before then exactly, and it was half of a tiny-world rollout).
 SAMPLERS = ("inverse-cdf", "multinomial")
 # String fields with a fixed set of values; checked after the types so the message can list them.
 CHOICES = {
@@ -565,13 +565,29 @@ def _check_choices(cfg: Config) -> None:
 
 # The sampling keys lived flat in each method's section before ``<method>.sampling`` gathered them.
 _SAMPLING_KEYS = tuple(f.name for f in dataclasses.fields(SamplingConfig))
+# Keys with a new name: (section, old, new). "beta" is QE-EBM's energy weight (the paper's name,
+# qe_ebm.beta_max); the other methods' weights say what they weigh.
+RENAMED_KEYS = (("reinforce", "beta", "pg_weight"), ("qe_finetune", "beta", "distill_weight"))
 
 
 def upgrade_keys(values: dict, warn: bool = True) -> dict:
-    """``values`` with the old flat sampling keys (``reinforce.top_p``) moved to their section
-    (``reinforce.sampling.top_p``), one deprecation line each when ``warn``; both forms at once is an
-    error. Saved run configs go through this too, so an old run directory still resumes."""
+    """``values`` with older key names read as today's, one deprecation line each when ``warn``:
+    the flat sampling keys (``reinforce.top_p``) moved to their section
+    (``reinforce.sampling.top_p``), and the renamed weights (``RENAMED_KEYS``). Both forms at once
+    is an error. Saved run configs go through this too, so an old run directory still resumes."""
     out = dict(values)
+    for section, old, new in RENAMED_KEYS:
+        node = out.get(section)
+        if not isinstance(node, dict) or old not in node:
+            continue
+        if new in node:
+            raise QeebmError(f"config keys '{section}.{old}' and '{section}.{new}' both given: keep '{section}.{new}'")
+        node = dict(node)
+        node[new] = node.pop(old)
+        out[section] = node
+        if warn:
+            LOG.warning("config key '%s.%s' is now '%s.%s'; the old name still works for now", section, old,
+                        section, new)
     for section in SAMPLING_SECTIONS:
         node = out.get(section)
         if not isinstance(node, dict) or not any(k in node for k in _SAMPLING_KEYS):
@@ -594,8 +610,8 @@ def upgrade_keys(values: dict, warn: bool = True) -> dict:
 
 
 def saved_sampler_defaults(values: dict) -> dict:
-    """A run directory's saved config as its run was: one written before ``sampler`` existed (stop
-    27) drew with torch.multinomial, so its missing sampler keys are "multinomial". Resuming it with
+    """A run directory's saved config as its run was: one written before ``sampler`` existed (before
+    commit e015914) drew with torch.multinomial, so its missing sampler keys are "multinomial". Resuming it with
     today's default is then refused naming them, and ``...sampler=multinomial`` overrides resume it
     exactly. Only for saved configs: a recipe without the key means the default."""
     out = copy.deepcopy(values)

@@ -36,13 +36,14 @@ from pathlib import Path
 
 import torch
 
+from qeebm import resources
 from qeebm.config import ORACLE_SYSTEMS, SEEDS, SYSTEMS, data_path_overrides
 from qeebm.runlog import validations
 from qeebm.tinyworld.build import build, is_built
 
 log = logging.getLogger("qeebm.demo")
 
-CONFIGS = Path(__file__).resolve().parent.parent / "recipes" / "configs"
+CONFIGS = resources.CONFIGS
 
 # What each system trains against, relative to the world: (qe.path, data.mono). The realistic rows
 # train against the tiny CometKiwi and sample the plain pool; the positive control reads each pool

@@ -1,4 +1,5 @@
-"""Plots of a comparison (one bar chart per metric) and of training curves (one per logged key).
+"""Plots of a comparison (the forest plot of differences to the baseline) and of training curves
+(one per logged key).
 
 matplotlib is imported only here and only when a plot is drawn: comparing runs never needs it.
 """
@@ -12,7 +13,7 @@ from typing import TYPE_CHECKING, Iterable, Sequence
 
 import numpy as np
 
-from qeebm.report import column, label
+from qeebm.report import column
 from qeebm.runlog import log_path, read_metrics
 
 if TYPE_CHECKING:
@@ -35,31 +36,53 @@ def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") or "metric"
 
 
-def plot_metrics(result: Comparison, out_dir: Path) -> list[Path]:
-    """One bar chart per metric: seed-mean with its 95% CI as error bars, seeds as dots."""
+def forest_figure(result: Comparison):
+    """The comparison as differences: one panel per metric, one row per system under the baseline,
+    a dot at its difference to the baseline and a line over the 95% interval of that difference
+    (paired bootstrap, ``Cell.delta_ci``), with zero marked. A difference marked significant in the
+    table is drawn in green when it is an improvement and in red when it is not (TER: lower is
+    better, as the arrow in its title says), the rest in grey.
+    The axes fit the intervals, not zero-based bars, so a half-point difference is as visible as the
+    table makes it."""
+    systems = [s.name for s in result.systems[1:]]
+    cols = min(3, len(result.metrics))
+    rows = -(-len(result.metrics) // cols)
+    fig = _figure(3.4 * cols + 1.2, rows * (0.35 * max(len(systems), 1) + 1.1))
+    axes = fig.subplots(rows, cols, squeeze=False, sharey=True)
+    y = np.arange(len(systems))[::-1]  # the table's order, top to bottom
+    for i, ax in enumerate(axes.flat):
+        if i >= len(result.metrics):
+            ax.set_visible(False)
+            continue
+        metric = result.metrics[i]
+        cells = [result.cells[name][metric] for name in systems]
+        ax.set_axisbelow(True)
+        ax.axvline(0.0, color="black", linewidth=1.0, zorder=1.5)
+        for row, name, cell in zip(y, systems, cells):
+            better = result.improved(name, metric)
+            color = "C2" if better else ("C3" if cell.significant else "0.45")
+            if cell.delta_ci is not None:
+                ax.plot(cell.delta_ci, [row, row], color=color, linewidth=2, solid_capstyle="butt", zorder=2)
+            ax.plot([cell.delta], [row], "o", color=color, markersize=5, zorder=3)
+        ax.set_title(column(metric), fontsize="medium")
+        ax.set_xlabel(f"difference to {result.baseline}", fontsize="small")
+        ax.margins(x=0.08, y=0.15)
+        ax.grid(axis="x", color="0.9")
+    axes[0][0].set_yticks(y, systems)
+    for ax_row in axes:
+        ax_row[0].tick_params(axis="y", labelleft=True)
+    fig.suptitle(f"Difference to {result.baseline} with its 95% paired bootstrap interval "
+                 f"({result.n_segments} segments{', ' + result.split + ' set' if result.split else ''})",
+                 fontsize="medium")
+    return fig
+
+
+def plot_forest(result: Comparison, out_dir: Path) -> Path:
+    """``forest_figure`` written to ``out_dir/forest.png``."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for metric in result.metrics:
-        cells = [result.cells[s.name][metric] for s in result.systems]
-        fig = _figure(max(4.0, 1.2 * len(cells) + 2), 4.0)
-        ax = fig.add_subplot()
-        x = np.arange(len(cells))
-        scores = np.array([c.score for c in cells])
-        err = np.array([[c.score - c.ci[0] for c in cells], [c.ci[1] - c.score for c in cells]])
-        ax.bar(x, scores, color=["0.6"] + ["C0"] * (len(cells) - 1))
-        ax.errorbar(x, scores, yerr=np.clip(err, 0, None), fmt="none", ecolor="black", capsize=4)
-        for i, cell in enumerate(cells):
-            if len(cell.seed_scores) > 1:
-                ax.plot([i] * len(cell.seed_scores), cell.seed_scores, "k.", markersize=4)
-            if cell.mark:
-                ax.annotate(cell.mark, (i, cell.ci[1]), ha="center", va="bottom")
-        ax.set_xticks(x, [s.name for s in result.systems], rotation=20, ha="right")
-        ax.set_ylabel(column(metric))
-        ax.set_title(f"{label(metric)} (95% bootstrap CI, {result.n_segments} segments)")
-        path = out_dir / f"metric-{_safe(metric)}.png"
-        fig.savefig(path, dpi=120)
-        paths.append(path)
-    return paths
+    path = out_dir / "forest.png"
+    forest_figure(result).savefig(path, dpi=120)
+    return path
 
 
 def plot_curves(runs: Iterable[tuple[str, Path]], keys: Sequence[str], out_dir: Path) -> tuple[list[Path], list[str]]:

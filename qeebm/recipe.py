@@ -36,8 +36,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Union
 
+from qeebm import resources
 from qeebm.config import SEEDS, SYSTEMS, Config, data_path_overrides, flat_dict, load_config, to_dict
 from qeebm.data_prep import HubCorpus, is_prepared
+from qeebm.entry import setup_process
 from qeebm.errors import QeebmError
 from qeebm.langcodes import NLLB_TO_MBART50, to_model_code
 from qeebm.qad import DEFAULT_CANDIDATES
@@ -45,7 +47,7 @@ from qeebm.qad import DEFAULT_CANDIDATES
 log = logging.getLogger("qeebm.recipe")
 
 REPO = Path(__file__).resolve().parent.parent
-CONFIGS = REPO / "recipes" / "configs" / "real"
+CONFIGS = resources.CONFIGS / "real"
 DEFAULT_MODEL = "mbart50"
 
 
@@ -479,6 +481,7 @@ def _is_main_process() -> bool:
 def main(recipe: Union[Recipe, Callable], argv: Optional[list[str]] = None, prog: Optional[str] = None) -> int:
     """The Python part of a recipe file: plan, then print (--dry-run) or run. Exit code 2 with a
     one-line error for anything wrong in the request."""
+    setup_process()
     argv = sys.argv[1:] if argv is None else argv
     if prog is None:
         prog = os.path.relpath(sys.argv[0]) if sys.argv and sys.argv[0] else "recipe"

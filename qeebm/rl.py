@@ -409,7 +409,7 @@ def ppo_value_loss(
 
 class AdaptiveKLController:
     """Proportional KL controller of Ziegler et al. 2019 ("Fine-Tuning Language Models from Human
-    Preferences", eq. 2): e = clip(KL / target - 1, -0.2, 0.2); beta <- beta * (1 + e * n_steps /
+    Preferences", eq. 2): e = clip(KL / target - 1, -0.2, 0.2); kl_coef <- kl_coef * (1 + e * n_steps /
     horizon). ``current_kl`` is the batch mean of ``sequence_kl``; ``n_steps`` the number of
     sequences in that batch (what TRL's classic PPO passes)."""
 

@@ -1,4 +1,4 @@
-"""A training run's log, ``<run_dir>/metrics.jsonl``: what the loop writes (``loop.MetricsLogger``,
+"""A training run's log, ``<run_dir>/metrics.jsonl``: what the loop writes (``loop.MetricsLog``,
 one JSON object per logged step, validations included) and the one reader of it, for the demo, the
 sweep, the comparison's curves and the experiment scripts."""
 

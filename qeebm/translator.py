@@ -421,11 +421,12 @@ class Translator:
     def num_tokens(self, texts: list[str], side: str) -> list[int]:
         """Token counts as the model sees them (side: "src" | "tgt"), for length filters.
 
-        Counts include the language code and ``</s>`` and are never truncated."""
+        Counts include the language code and ``</s>`` and are never truncated (``verbose=False``: a
+        text longer than the model takes is what the count is for, not a mistake to warn about)."""
         if side == "src":
-            ids = self.tokenizer(list(texts))["input_ids"]
+            ids = self.tokenizer(list(texts), verbose=False)["input_ids"]
         elif side == "tgt":
-            ids = self.tokenizer(text_target=list(texts))["input_ids"]
+            ids = self.tokenizer(text_target=list(texts), verbose=False)["input_ids"]
         else:
             raise ValueError(f"side must be 'src' or 'tgt', got {side!r}")
         return [len(x) for x in ids]

@@ -381,6 +381,9 @@ BENCHMARKS = {"scoring": bench_scoring, "step": bench_step, "table": bench_table
 
 
 def main(argv=None) -> None:
+    from qeebm.entry import setup_process
+
+    setup_process()  # torch's huge-page allocations, as in a `qeebm` command; the step workers inherit it
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--what", choices=sorted(BENCHMARKS), default="scoring")
     parser.add_argument("--n-tiny", type=int, default=1000, help="segments for the tiny QE")

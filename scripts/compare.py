@@ -33,7 +33,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--format", default="md", choices=sorted(FORMATTERS), help="what to print (default: md)")
     p.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples (default: 1000)")
     p.add_argument("--seed", type=int, default=12345, help="seed of the resampling (default: 12345, as sacrebleu)")
-    p.add_argument("--plots", action="store_true", help="write PNG bar charts and training curves to OUT/plots")
+    p.add_argument("--plots", action="store_true", help="write the forest plot (each system's difference to the baseline with its 95%% interval, per metric: forest.png) and the trained runs' curves to OUT/plots")
     p.add_argument("--curve-keys", default=",".join(DEFAULT_CURVE_KEYS),
                    help="metrics.jsonl keys (shell patterns) to plot (default: %(default)s)")
     p.add_argument("--no-sacrebleu-test", action="store_true",

@@ -26,6 +26,7 @@ except ImportError:  # run from a checkout without `pip install -e .`
 
 from qeebm.config import data_path_overrides
 from qeebm.demo import CONFIGS, train_worker
+from qeebm.entry import setup_process
 from qeebm.runlog import read_metrics
 
 KEYS = ("diag/grad_ce", "diag/grad_energy", "diag/ratio_energy", "diag/cos_energy", "qe-ebm/beta",
@@ -56,6 +57,7 @@ def run(world: Path, run_dir: Path, steps: int, extra: list[str]) -> dict[str, f
 
 
 def main(argv=None) -> int:
+    setup_process()
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--world", default="data/tinyworld", help="a built tiny world (default %(default)s)")
     p.add_argument("--steps", type=int, default=20, help="optimiser steps per run (default %(default)s)")

@@ -37,6 +37,7 @@ except ImportError:  # run from a checkout without `pip install -e .`
 
 from qeebm.config import data_path_overrides
 from qeebm.demo import train_worker
+from qeebm.entry import setup_process
 from qeebm.runlog import read_metrics, validations
 
 # name -> (recipe, overrides): every variant optimises Kiwi alone.
@@ -56,7 +57,7 @@ def variant_overrides(name: str, k: int) -> list[str]:
                 "qe_ebm.guards=false",
                 f"qe_ebm.sampling.num_samples={k}", "qe_ebm.sampling.temperature=1.0", "qe_ebm.sampling.top_k=0", "qe_ebm.sampling.top_p=1.0"]
     if method == "reinforce":
-        return ["reinforce.alpha=0.0", "reinforce.beta=1.0", "reinforce.guards=false", f"reinforce.sampling.num_samples={k}",
+        return ["reinforce.alpha=0.0", "reinforce.pg_weight=1.0", "reinforce.guards=false", f"reinforce.sampling.num_samples={k}",
                 "reinforce.sampling.temperature=1.0", "reinforce.sampling.top_k=0", "reinforce.sampling.top_p=1.0"]
     return ["ppo.alpha=0.0", "ppo.guards=false", f"ppo.sampling.num_samples={k}", "ppo.sampling.temperature=1.0", "ppo.sampling.top_k=0",
             "ppo.sampling.top_p=1.0"]
@@ -149,6 +150,7 @@ def plot(curves: dict[str, list[dict]], chosen: dict[str, float], per_step: dict
 
 
 def main(argv=None) -> int:
+    setup_process()
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--world", default="data/tinyworld", help="a built tiny world (default %(default)s)")
     p.add_argument("--base", default="nllb-base", help="its base translator to start from (default %(default)s)")

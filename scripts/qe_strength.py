@@ -30,6 +30,7 @@ except ImportError:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from qeebm.demo import train_worker, budget, run_overrides, tiny_recipe
+from qeebm.entry import setup_process
 
 QES = ("kiwi-weak", "kiwi-medium", "kiwi")
 METHODS = ("qe-ebm-static", "reinforce")
@@ -47,6 +48,7 @@ def evaluate(run_dir: Path, world: Path, qe: str) -> dict:
 
 
 def main(argv=None) -> int:
+    setup_process()
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--world", default="data/tinyworld", help="a built tiny world (default %(default)s)")
     p.add_argument("--out", default="runs/qe-strength", help="output directory (default %(default)s)")

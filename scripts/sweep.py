@@ -8,7 +8,7 @@ absent): four learning rates for SFT continued, which has nothing else to tune; 
 system SFT's best learning rate times each of ``--lr-factors`` (default 0.5 and 1: an added loss
 term can want a smaller step; PPO also those divided by its 8 optimiser updates per step), crossed
 with two values of the system's own knob: the energy's weight rho for QE-EBM (relative weighting),
-the policy-gradient weight beta for REINFORCE, the KL target for PPO, the pseudo-target weight for
+the policy-gradient weight for REINFORCE, the KL target for PPO, the pseudo-target weight for
 QE finetuning, DPO's and CPO's beta. A system trained against the oracle gets the grid of its
 method trained against the Kiwi. A setting's score is
 its best validation on dev, by the selection metric (``--metric``: ``chrf``, the default, or
@@ -38,6 +38,7 @@ except ImportError:  # run from a checkout without `pip install -e .`
 from qeebm.config import SEEDS
 from qeebm.demo import (budget, default_systems, evaluate_and_compare, plateau_overrides, plateau_start, run_jobs,
                         train_runs)
+from qeebm.entry import setup_process
 from qeebm.runlog import best_validation
 
 # Continuing from the plateau, where SFT's own run ended at a learning rate decayed to 0.
@@ -50,9 +51,9 @@ KNOBS = {
     # its place, for both variants.
     "qe-ebm-static": ("qe_ebm.rho", (0.3, 0.1), "rho"),
     "qe-ebm-dynamic": ("qe_ebm.rho", (0.3, 0.1), "rho"),
-    "reinforce": ("reinforce.beta", (0.3, 1.0), "beta"),
+    "reinforce": ("reinforce.pg_weight", (0.3, 1.0), "pg_weight"),
     "ppo": ("ppo.kl_target", (1.0, 4.0), "KL target"),
-    "qe-finetune": ("qe_finetune.beta", (0.5, 1.0), "beta"),
+    "qe-finetune": ("qe_finetune.distill_weight", (0.5, 1.0), "distill_weight"),
     "dpo": ("preference.beta", (0.1, 0.5), "beta"),
     "cpo": ("preference.beta", (0.1, 0.5), "beta"),
 }
@@ -93,6 +94,7 @@ def train_all(runs: dict, settings: dict, world: Path, b: dict, start: Path) -> 
 
 
 def main(argv=None) -> int:
+    setup_process()
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--world", default="data/tinyworld", help="a built tiny world (default %(default)s)")
     p.add_argument("--out", default="runs/sweep", help="output directory (default %(default)s)")

@@ -122,15 +122,30 @@ def _thp_mode() -> str | None:
         return None
 
 
+def test_importing_qeebm_leaves_the_environment_alone_and_the_cli_turns_on_huge_pages():
+    env = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
+    code = ("import os, qeebm, qeebm.cli, qeebm.loop\n"
+            "print(os.environ.get('THP_MEM_ALLOC_ENABLE'))\n"
+            "qeebm.cli.main(['train', 'optim.lrr=1'])  # a config error: exit code 2 before any work\n"
+            "print(os.environ.get('THP_MEM_ALLOC_ENABLE'))")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["None", "1"]
+    out = subprocess.run([sys.executable, "-c", code], env=env | {"THP_MEM_ALLOC_ENABLE": "0"}, capture_output=True,
+                         text=True, check=True)
+    assert out.stdout.split() == ["0", "0"]
+
+
 @pytest.mark.skipif(_thp_mode() is None, reason="no transparent huge pages here")
 @pytest.mark.parametrize("setting", [None, "0"])
-def test_importing_qeebm_turns_on_torchs_huge_page_allocations_unless_the_user_said_no(setting):
+def test_setup_process_turns_on_torchs_huge_page_allocations_unless_the_user_said_no(setting):
     env = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
     if setting is not None:
         env["THP_MEM_ALLOC_ENABLE"] = setting
     # Under the kernel's "madvise" mode only an allocation torch advised gets huge pages: a touched
     # 64 MB tensor then shows up in the process's AnonHugePages.
-    code = ("import qeebm, os, re, torch\n"
+    code = ("import os, re, torch\n"
+            "from qeebm.entry import setup_process\n"
+            "setup_process()\n"
             "def huge(): return int(re.search(r'AnonHugePages:\\s+(\\d+)', open('/proc/self/smaps_rollup').read()).group(1))\n"
             "before = huge(); x = torch.ones(1 << 24)\n"
             "print(os.environ['THP_MEM_ALLOC_ENABLE'], huge() - before >= 32 * 1024)")

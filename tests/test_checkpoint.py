@@ -98,16 +98,20 @@ def test_resume_refuses_a_different_config(base, tmp_path):
     assert result.step == 3
 
 
-def test_a_run_saved_with_the_old_flat_sampling_keys_still_resumes(base, tmp_path):
+def test_a_run_saved_with_older_key_names_still_resumes(base, tmp_path):
     run = tmp_path / "run"
     train(make_config(base, run, "optim.max_steps=2"))
     saved = yaml.safe_load((run / "config.yaml").read_text())
     for section in ("qe_ebm", "reinforce", "ppo"):  # the layout before <method>.sampling existed
         saved[section].update(saved[section].pop("sampling"))
+    saved["reinforce"]["beta"] = saved["reinforce"].pop("pg_weight")  # the weights' former names
+    saved["qe_finetune"]["beta"] = saved["qe_finetune"].pop("distill_weight")
     (run / "config.yaml").write_text(yaml.safe_dump(saved))
     assert train(make_config(base, run, "optim.max_steps=3")).step == 3
     with pytest.raises(QeebmError, match="reinforce.sampling.top_p"):
         train(make_config(base, run, "optim.max_steps=4", "reinforce.sampling.top_p=0.5"))
+    with pytest.raises(QeebmError, match="differs in reinforce.pg_weight"):
+        train(make_config(base, run, "optim.max_steps=4", "reinforce.pg_weight=0.5"))
 
 
 def test_a_run_saved_before_the_sampler_key_resumes_only_with_the_sampler_it_used(base, tmp_path):
@@ -115,7 +119,7 @@ def test_a_run_saved_before_the_sampler_key_resumes_only_with_the_sampler_it_use
     train(make_config(base, run, "optim.max_steps=2"))
     saved = yaml.safe_load((run / "config.yaml").read_text())
     for node in (saved["generation"], *(saved[s]["sampling"] for s in ("qe_ebm", "reinforce", "ppo"))):
-        del node["sampler"]  # written before stop 27, when every run drew with torch.multinomial
+        del node["sampler"]  # written before commit e015914, when every run drew with torch.multinomial
     (run / "config.yaml").write_text(yaml.safe_dump(saved))
     with pytest.raises(QeebmError, match="generation.sampler.*qe_ebm.sampling.sampler"):
         train(make_config(base, run, "optim.max_steps=3"))

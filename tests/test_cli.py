@@ -1,3 +1,4 @@
+import os
 import subprocess
 import sys
 
@@ -71,3 +72,43 @@ def test_demo_quick_prints_the_method_table_with_selection_rows(micro_world, tmp
     out = tmp_path / "runs" / "demo-quick"
     assert (out / "comparison" / "comparison.csv").is_file() and not (tmp_path / "runs" / "demo").exists()
     assert any((out / "comparison" / "plots").glob("*.png"))
+
+
+NOISE = "pkg_resources is deprecated"
+
+
+@pytest.mark.slow
+def test_the_cli_keeps_third_party_deprecation_noise_out_of_stderr(tmp_path):
+    from qe_helpers import model_dir, toy_triples
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
+    # Importing qeebm filters nothing: a program that imports it and comet sees the warning.
+    control = subprocess.run([sys.executable, "-c", "import qeebm.qe.scoring, comet"], env=env, capture_output=True,
+                             text=True, timeout=120)
+    if NOISE not in control.stderr:
+        pytest.skip("this environment's dependencies raise no pkg_resources warning")
+    src, mt, _ = toy_triples(4)
+    pairs, scores = tmp_path / "pairs.tsv", tmp_path / "scores.txt"
+    pairs.write_text("src\tmt\n" + "".join(f"{s}\t{m}\n" for s, m in zip(src, mt)), encoding="utf-8")
+    proc = subprocess.run([sys.executable, "-m", "qeebm.cli", "score", "--model", str(model_dir("kiwi")), "-i",
+                           str(pairs), "-o", str(scores)], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert len(scores.read_text().splitlines()) == 4 and NOISE not in proc.stderr and "Warning" not in proc.stderr
+    # The processes a command starts (the demo's and the tiny world's workers) inherit the filter.
+    code = ("import subprocess, sys\nfrom qeebm.entry import setup_process\nsetup_process()\n"
+            "sys.exit(subprocess.run([sys.executable, '-c', 'import comet']).returncode)")
+    child = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert child.returncode == 0 and NOISE not in child.stderr
+
+
+def test_a_users_own_warning_options_come_after_the_noise_filters(monkeypatch):
+    from qeebm.entry import setup_process
+
+    monkeypatch.setenv("THP_MEM_ALLOC_ENABLE", "0")
+    monkeypatch.setenv("PYTHONWARNINGS", "error::DeprecationWarning")
+    setup_process()
+    setup_process()  # idempotent
+    # Later -W entries take precedence, so the user's own settings still win where they overlap.
+    assert os.environ["PYTHONWARNINGS"] == ("ignore:pkg_resources is deprecated as an API:UserWarning,"
+                                            "error::DeprecationWarning")
+    assert os.environ["THP_MEM_ALLOC_ENABLE"] == "0"

@@ -135,6 +135,30 @@ def test_a_system_better_on_every_segment_is_significant():
     assert paired_bootstrap_p(-1.0, d_star) == 1.0
 
 
+
+def test_the_difference_gets_the_paired_interval_of_the_resampled_differences():
+    refs = corpus(40)
+    hyp = noisy(refs, 0.3, 1)
+    base = np.linspace(0.2, 0.9, 40)
+    shift = np.random.default_rng(1).uniform(0.0, 0.02, 40)
+    result = compare(entries(report("a", 1, hyp, refs, comet=base), report("b", 1, hyp, refs, comet=base + shift)),
+                     metrics=["comet"], resamples=500, seed=3, sacrebleu_test=False)
+    cell = result.cells["b"]["comet"]
+    counts = resample_counts(40, 500, 3)
+    d_star = 100 * (resampled_scores("comet", mean_stats(base + shift), counts)
+                    - resampled_scores("comet", mean_stats(base), counts))
+    assert cell.delta_ci == pytest.approx(percentile_ci(d_star), abs=1e-9)
+    # Paired: the segments' shared difficulty cancels, so the difference is known to within the
+    # spread of the shifts (0..2 points), while each score's own interval spans ~12 points.
+    lo, hi = cell.delta_ci
+    assert 0 < lo < 100 * shift.mean() < hi < 2 and cell.ci[1] - cell.ci[0] > 10
+    assert result.cells["a"]["comet"].delta_ci is None
+    # A constant shift on every segment: the interval is that shift exactly.
+    same = compare(entries(report("a", 1, hyp, refs, comet=base), report("b", 1, hyp, refs, comet=base + 0.01)),
+                   metrics=["comet"], sacrebleu_test=False)
+    assert same.cells["b"]["comet"].delta_ci == pytest.approx((1.0, 1.0), abs=1e-9)
+
+
 # ---------------------------------------------------------------------------------------------
 # sacrebleu parity
 
@@ -248,8 +272,9 @@ def _hand_made_comparison():
     base, qe = System("sft", entries(report("sft", 1, refs, refs))), System("qe-ebm", entries(report("qe-ebm", 1, refs, refs)))
     cells = {
         "sft": {"bleu": Cell(23.4, (22.2, 24.6), [23.4]), "comet": Cell(81.25, (80.75, 81.75), [81.25])},
-        "qe-ebm": {"bleu": Cell(25.9, (24.7, 27.1), [25.5, 26.3], sd=0.5657, delta=2.5, pair_p=[0.001], sig_pairs=1),
-                   "comet": Cell(81.0, (80.4, 81.6), [81.0], delta=-0.25, pair_p=[0.3])},
+        "qe-ebm": {"bleu": Cell(25.9, (24.7, 27.1), [25.5, 26.3], sd=0.5657, delta=2.5, delta_ci=(1.1, 3.9),
+                                pair_p=[0.001], sig_pairs=1),
+                   "comet": Cell(81.0, (80.4, 81.6), [81.0], delta=-0.25, delta_ci=(-0.9, 0.4), pair_p=[0.3])},
     }
     return Comparison(split="test", n_segments=1012, baseline="sft", systems=[base, qe], metrics=["bleu", "comet"],
                       cells=cells, resamples=1000, seed=12345,
@@ -276,9 +301,12 @@ BLEU: nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0
 
 def test_csv_carries_the_same_numbers():
     rows = format_csv(_hand_made_comparison()).splitlines()
-    assert rows[0].startswith("system,seeds,metric,scale,score,ci_low,ci_high,sd,delta,p,sig_pairs,n_pairs,mark,")
-    assert rows[3].startswith("qe-ebm,1,bleu,1.0,25.9,24.7,27.1,0.5657,2.5,0.001,1,1,*,,25.5000 26.3000,test:paired-bs|")
-    assert rows[4].startswith("qe-ebm,1,comet,100.0,81.0,80.4,81.6,,-0.25,0.3,0,1,,,")
+    assert rows[0].startswith("system,seeds,metric,scale,score,ci_low,ci_high,sd,delta,delta_ci_low,delta_ci_high,p,"
+                              "sig_pairs,n_pairs,mark,")
+    assert rows[1].startswith("sft,1,bleu,1.0,23.4,22.2,24.6,,,,,,,,,,23.4000,test:paired-bs|")
+    assert rows[3].startswith("qe-ebm,1,bleu,1.0,25.9,24.7,27.1,0.5657,2.5,1.1,3.9,0.001,1,1,*,,25.5000 26.3000,"
+                              "test:paired-bs|")
+    assert rows[4].startswith("qe-ebm,1,comet,100.0,81.0,80.4,81.6,,-0.25,-0.9,0.4,0.3,0,1,,,")
 
 
 def _hacking_reports(judge_gain):
@@ -415,9 +443,76 @@ def test_cli_writes_all_formats_and_plots(tmp_path):
     md = (out / "comparison.md").read_text()
     assert "| qe-ebm | 2 |" in md and "signature: test:paired-bs|ci:95%-percentile|resamples:100|seed:12345" in md
     pngs = sorted(p.name for p in (out / "plots").iterdir())
-    assert pngs == ["curve-loss.png", "curve-val_bleu.png", "metric-bleu.png", "metric-chrf.png",
-                    "metric-comet.png", "metric-ter.png"]
+    assert pngs == ["curve-loss.png", "curve-val_bleu.png", "forest.png"]
     assert all((out / "plots" / p).read_bytes()[:4] == b"\x89PNG" for p in pngs)
+
+
+def _forest_reports():
+    rnd = np.random.default_rng(5)
+    refs = corpus(30)
+    hyp = noisy(refs, 0.3, 2)
+    kiwi = rnd.uniform(0.4, 0.6, 30)
+    return entries(report("base", 1, hyp, refs, kiwi=kiwi),
+                   report("better", 1, noisy(refs, 0.1, 3), refs, kiwi=kiwi + 0.005),  # half a point x100
+                   report("worse", 1, noisy(refs, 0.6, 4), refs, kiwi=kiwi - 0.02),
+                   report("same", 1, hyp, refs, kiwi=kiwi))
+
+
+def test_forest_plot_draws_each_difference_with_its_interval_around_a_marked_zero():
+    from qeebm.plots import forest_figure
+
+    result = compare(_forest_reports(), metrics=["bleu", "ter", "kiwi"], resamples=200, sacrebleu_test=False)
+    fig = forest_figure(result)
+    panels = [ax for ax in fig.axes if ax.get_visible()]
+    assert [ax.get_title() for ax in panels] == ["BLEU", "TER ↓", "Kiwi ×100"]
+    assert [t.get_text() for t in panels[0].get_yticklabels()] == ["better", "worse", "same"]
+    for ax, metric in zip(panels, result.metrics):
+        lines = ax.get_lines()
+        assert [tuple(lines[0].get_xdata())] == [(0.0, 0.0)]  # the zero line
+        drawn = {}
+        for line in lines[1:]:
+            drawn.setdefault(int(line.get_ydata()[0]), []).append((tuple(line.get_xdata()), line.get_color()))
+        for row, name in zip((2, 1, 0), ("better", "worse", "same")):
+            cell = result.cells[name][metric]
+            (interval, color), (dot, _) = drawn[row]
+            assert interval == pytest.approx(cell.delta_ci) and dot == pytest.approx((cell.delta,))
+            assert color == ("C2" if result.improved(name, metric) else "C3" if cell.significant else "0.45")
+        lo, hi = ax.get_xlim()
+        assert lo < min(0, *(result.cells[n][metric].delta_ci[0] for n in ("better", "worse", "same")))
+        assert hi > max(0, *(result.cells[n][metric].delta_ci[1] for n in ("better", "worse", "same")))
+    # Half a point of Kiwi is drawn apart from zero: the axis spans a few points, not 0..60.
+    kiwi = panels[2]
+    assert result.cells["better"]["kiwi"].delta == pytest.approx(0.5) and kiwi.get_xlim()[1] - kiwi.get_xlim()[0] < 5
+    assert result.improved("better", "kiwi") and result.cells["worse"]["kiwi"].significant
+
+
+def test_decoding_time_rows_get_no_training_curves(tmp_path, monkeypatch):
+    import qeebm.compare
+    from qeebm.compare import curve_runs
+
+    refs = corpus(12)
+    hyp = noisy(refs, 0.3, 1)
+    reranked = report("sft+rerank", 1, hyp, refs, kiwi=[0.5] * 12, heldout=[])
+    reranked["selected_on"] = "kiwi"
+    reranked["selection"] = {"rule": "rerank", "model": "qe/kiwi", "utility": None, "candidates": 8, "mode": "beam",
+                             "signature": "rule:rerank|qe:qe/kiwi|candidates:8|gen:beam8|max_new:50",
+                             "ms_per_segment": 12.5}
+    sft_dir = tmp_path / "sft"
+    reports = [Entry(tmp_path / "base" / "eval" / "test.json", report("base", None, hyp, refs, kiwi=[0.5] * 12)),
+               Entry(sft_dir / "eval" / "test.json", report("sft", 1, hyp, refs, kiwi=[0.6] * 12)),
+               Entry(sft_dir / "eval" / "test-rerank.json", reranked)]
+    result = compare(reports, metrics=["kiwi"], sacrebleu_test=False)
+    assert curve_runs(result) == [("base", tmp_path / "base"), ("sft (seed 1)", sft_dir)]
+    for entry in reports:
+        write_report(entry.path, entry.report)
+    (sft_dir / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": 3.0 - s}) + "\n" for s in (1, 2)))
+    drawn, plot_curves = [], qeebm.compare.plot_curves
+    monkeypatch.setattr(qeebm.compare, "plot_curves", lambda runs, *a: (drawn.append(list(runs)), plot_curves(runs, *a))[1])
+    out = tmp_path / "out"
+    run([str(tmp_path / "base"), str(sft_dir), str(sft_dir / "eval" / "test-rerank.json")], out=out, plots=True,
+        resamples=50, curve_keys=["loss"], stderr=open(tmp_path / "stderr.txt", "w"))
+    assert drawn == [curve_runs(result)]
+    assert sorted(p.name for p in (out / "plots").iterdir()) == ["curve-loss.png", "forest.png"]
 
 
 def test_cli_exits_2_with_one_line_on_mismatched_inputs(tmp_path):

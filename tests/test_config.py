@@ -95,6 +95,19 @@ def test_old_flat_sampling_keys_are_read_as_the_sampling_section(caplog):
         load_config(None, ["qe_ebm.top_k=5", "qe_ebm.sampling.top_k=3"])
 
 
+
+def test_the_weights_former_names_are_read_as_their_new_ones(caplog):
+    old = load_config(None, ["reinforce.beta=0.3", "qe_finetune.beta=0.5"])
+    assert (old.reinforce.pg_weight, old.qe_finetune.distill_weight) == (0.3, 0.5)
+    assert old == load_config(None, ["reinforce.pg_weight=0.3", "qe_finetune.distill_weight=0.5"])
+    assert "config key 'reinforce.beta' is now 'reinforce.pg_weight'" in caplog.text
+    assert "config key 'qe_finetune.beta' is now 'qe_finetune.distill_weight'" in caplog.text
+    with pytest.raises(QeebmError, match="'reinforce.beta' and 'reinforce.pg_weight' both given"):
+        load_config(None, ["reinforce.beta=0.3", "reinforce.pg_weight=0.5"])
+    # QE-EBM's energy weight keeps the paper's name.
+    with pytest.raises(QeebmError, match="unknown config key 'qe_ebm.beta'"):
+        load_config(None, ["qe_ebm.beta=0.3"])
+
 def test_each_method_keeps_its_own_sampling_defaults():
     cfg = Config()
     # REINFORCE's published nucleus sampler, PPO's one rollout per source, QE-EBM's K = 5.

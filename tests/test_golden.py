@@ -26,7 +26,7 @@ from qeebm.runlog import read_metrics
 GOLDEN = Path(__file__).resolve().parent / "golden" / "micro_runs.json"
 STEPS = 3
 # Float rounding differs between CPUs (vector widths, MKL's code paths) and three steps of training
-# amplify it: the file written at stop 21, checked on another CPU, differed by up to 0.7% (QE-dynamic's
+# amplify it: the file's first version (commit 6651643), checked on another CPU, differed by up to 0.7% (QE-dynamic's
 # energy after its QE update) and 1.5e-5 elsewhere. On another CPU the check is this loose; on the
 # CPU that wrote the file it is exact to float rounding.
 SAME_CPU, OTHER_CPU = (1e-6, 1e-6), (2e-2, 2e-3)  # (rel_tol, abs_tol)

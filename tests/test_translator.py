@@ -60,6 +60,29 @@ def test_load_family_codes_and_encode(family):
     assert tr.num_tokens(SRC[:2], "src") == enc["attention_mask"].sum(1).tolist()
 
 
+
+def test_token_counts_of_overlong_texts_are_whole_and_do_not_warn():
+    """The length filter counts texts longer than the model takes in order to drop them: no
+    truncation, and no transformers warning that running them through the model would fail."""
+    import logging
+
+    tr = load(tiny_translator_dir("nllb"))
+    src, tgt = tr.num_tokens(SRC, "src"), tr.num_tokens(TGT, "tgt")
+    tr.tokenizer.model_max_length = min(src + tgt) - 1
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = logging.getLogger("transformers.tokenization_utils_base")  # transformers' loggers do not propagate
+    logger.addHandler(handler)
+    try:
+        assert (tr.num_tokens(SRC, "src"), tr.num_tokens(TGT, "tgt")) == (src, tgt)
+        assert records == []
+        tr.tokenizer(SRC)  # the plain call warns
+        assert [r.getMessage()[:34] for r in records] == ["Token indices sequence length is l"]
+    finally:
+        logger.removeHandler(handler)
+
+
 def test_mbart_accepts_nllb_and_mbart_codes():
     tr = load(tiny_translator_dir("mbart"), src_lang="en_XX", tgt_lang="khk_Cyrl")
     assert (tr.src_code, tr.tgt_code) == ("en_XX", "mn_MN")

@@ -11,7 +11,7 @@ backpropagating through the QE better than distilling its choices?"). Per optimi
    (qeebm/qad.py, the same selection ``qeebm evaluate --rerank/--mbr`` makes);
 3. (``finish_rollouts``) the selected targets' token count over the whole step, the normaliser of
    their token-mean CE;
-4. (``loss``) alpha * CE(labelled batch) + beta * CE(sources, selected targets), both SFT's
+4. (``loss``) alpha * CE(labelled batch) + distill_weight * CE(sources, selected targets), both SFT's
    label-smoothed token means.
 
 Exact resume: the teacher differs from the initial model only in the parameters being trained, so
@@ -67,8 +67,9 @@ class QeFinetune(Method):
                              f"{c.num_candidates} and {c.num_beams}")
         if c.refresh_every < 0:
             raise QeebmError(f"qe_finetune.refresh_every must be 0 (never) or a number of steps; got {c.refresh_every}")
-        if c.alpha < 0 or c.beta < 0 or c.alpha + c.beta == 0:
-            raise QeebmError(f"qe_finetune.alpha and beta must be >= 0, not both 0; got {c.alpha} and {c.beta}")
+        if c.alpha < 0 or c.distill_weight < 0 or c.alpha + c.distill_weight == 0:
+            raise QeebmError(f"qe_finetune.alpha and distill_weight must be >= 0, not both 0; got {c.alpha} and "
+                             f"{c.distill_weight}")
 
     def __init__(self, cfg: Config, translator, model: torch.nn.Module):
         self.cfg, self.c = cfg, cfg.qe_finetune
@@ -143,10 +144,10 @@ class QeFinetune(Method):
         return rollouts
 
     def loss(self, r: QeFinetuneRollout) -> StepOutput:
-        # 4. alpha * CE(labelled) + beta * CE(selected targets).
+        # 4. alpha * CE(labelled) + distill_weight * CE(selected targets).
         n = r.pseudo.global_examples
         distill, nll = label_smoothed_ce(self.model, r.pseudo, self.label_smoothing, with_nll=True)
-        terms = {"distill": self.c.beta * distill}
+        terms = {"distill": self.c.distill_weight * distill}
         metrics = {
             "qe-finetune/distill_ce": distill.item(),
             "qe-finetune/distill_nll": nll.item(),

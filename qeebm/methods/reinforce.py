@@ -9,8 +9,8 @@ Per optimiser step (docs/method.md, "The baselines"; docs/rl_baselines.md for wh
    the published running mean of earlier rewards, or none), then scaled (by default divided by the
    step's standard deviation; published: the centred reward scaled to [-1, 1]); baseline and scale
    come from the whole step, all processes and micro-steps, so the update does not depend on the split;
-4. loss = alpha * CE(labelled batch) + beta * policy gradient, a token mean over the step's samples
-   (the CE is a token mean too, so beta weighs like with like). The sequence log-probability of a
+4. loss = alpha * CE(labelled batch) + pg_weight * policy gradient, a token mean over the step's
+   samples (the CE is a token mean too, so pg_weight weighs like with like). The sequence log-probability of a
    sample counts its tokens up to and including </s>, never the forced language code, under the
    distribution it was sampled from (temperature, suppressed tokens), with dropout off as when it
    was sampled.
@@ -152,7 +152,7 @@ class Reinforce(Method):
                                 decoder_input_ids=s.decoder_input_ids, use_cache=False).logits  # [B, T, V]
         _, seq_logp = sequence_logprobs(policy_logits(logits, s.temperature, s.suppress), s.tokens, s.mask)  # [B]
         pg = policy_gradient_loss(seq_logp, r.advantages.flatten(), normaliser=max(r.global_tokens, 1.0))
-        terms = {"pg": self.c.beta * pg}
+        terms = {"pg": self.c.pg_weight * pg}
         metrics = {
             "reinforce/pg_loss": pg.item(),
             "reinforce/reward": r.rewards.sum().item() / n,

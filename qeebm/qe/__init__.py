@@ -1,6 +1,8 @@
-"""Quality estimators (COMET family): loading and saving (`models`), fast scoring (`scoring`),
-regression training (`train`), tiny random/trained stand-ins (`tiny`), the differentiable energy
-(`energy`) and the translator-to-QE vocabulary bridge (`bridge`).
+"""Quality estimators (COMET family): loading and saving (`models`), fast scoring (`scoring`) with a
+padding-free encoder forward (`packed`), regression training (`train`), tiny random/trained
+stand-ins (`tiny`), the differentiable energy (`energy`), the translator-to-QE vocabulary bridge
+(`bridge`), and the QE that QE-dynamic trains (`dynamic`: its trainable parts in `trainable`, its
+held-out probe in `heldout`).
 
 Nothing is imported here: importing comet takes seconds, and `qeebm.qe.models.load_qe` must be
 able to fail fast before it does.

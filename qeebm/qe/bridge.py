@@ -40,11 +40,12 @@ by piece, equal the QE tokenizer's canonical tokenisation of the decoded text; a
 offset-aligned path.
 
 Memory: the alignment is a list of ``(row, j, t, w)`` triples (linear in batch x length). Under the
-straight-through relaxations the softmax is recomputed in the backward pass a few rows at a time,
-and with a frozen QE a large table is never built (``B``'s products go through the sparse map); ``B``
-(``[V_nmt, H]``) exists only where it must: the "softmax" relaxation (cached while ``E_qe`` is
-frozen) and a QE whose embeddings train. No ``[B, T, V_qe]`` and no ``[V_nmt, V_qe]`` tensor is ever
-built.
+straight-through relaxations the softmax is recomputed in the backward pass a few rows at a time.
+``B`` (``[V_nmt, H]``) is built where it must be or is small: under the "softmax" relaxation, for a
+QE whose embeddings train, and for a frozen QE whose table takes at most 64 MiB (the tiny world's);
+built from a frozen ``E_qe`` it is cached. A frozen QE's larger table (1 GB for NLLB into
+InfoXLM) is never built: the straight-through backward's ``g @ B^T`` goes through the sparse map
+(``Bridge.times_table_t``). No ``[B, T, V_qe]`` and no ``[V_nmt, V_qe]`` tensor is ever built.
 """
 
 from __future__ import annotations

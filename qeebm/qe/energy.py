@@ -28,16 +28,19 @@ The value is exactly ``model.predict`` on the decoded translation (``relaxation=
 backward pass differs from a plain lookup. A reference-based energy reads the reference of every
 row (``ref=``); a reference-free one ignores it.
 
-With a ``qeebm.translator.Translator`` and the energy of ``load_energy``::
+With a ``qeebm.translator.Translator`` and the energy of ``load_energy``, as ``QeEbm.loss`` uses it::
 
-    seqs = translator.generate_ids(input_ids, attention_mask, gen, k)      # [B*k, 1 + T]
+    energy = load_energy(qe_path, translator, freeze=True)
+    seqs = translator.generate_ids(input_ids, attention_mask, gen, k)       # [B*k, 1 + T]
     tf = translator.teacher_forcing(seqs)
     mt_ids, mt_mask = seqs[:, 1:], tf["labels"] != -100
-    content = energy.bridge.content_mask(mt_ids, mt_mask)
-    with output_rows(translator.model, content):                           # only the steps read
-        logits = translator.model(input_ids=..., attention_mask=...,       # repeated k times
-                                  decoder_input_ids=tf["decoder_input_ids"]).logits  # [N, V]
-    e = energy(src, mt_ids, mt_mask, logits, ref=refs)                     # [B*k]
+    # Only the steps the energy reads are projected onto the vocabulary: [N, V_nmt] logits.
+    with output_rows(translator.model, energy.bridge.content_mask(mt_ids, mt_mask)):
+        logits = translator.model(input_ids=..., attention_mask=...,        # the sources, repeated k times
+                                  decoder_input_ids=tf["decoder_input_ids"]).logits
+    e = energy(src, mt_ids, mt_mask, logits, ref=refs)                      # [B*k]; refs: reference-based only
+
+(``[B*k, T, V_nmt]`` logits of every step are accepted too; the energy keeps their content rows.)
 """
 
 from __future__ import annotations

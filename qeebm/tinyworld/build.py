@@ -46,13 +46,14 @@ from pathlib import Path
 
 import torch
 
+from qeebm import resources
 from qeebm.config import data_path_overrides, load_config
 from qeebm.errors import QeebmError
 from qeebm.langcodes import FAMILIES
 
 log = logging.getLogger("qeebm.tinyworld")
 
-SHIPPED_QE = Path(__file__).resolve().parents[2] / "data" / "tinyworld-qe"
+SHIPPED_QE = resources.SHIPPED_QE
 BASE_PREFIXES = tuple(f"{f}-base/" for f in FAMILIES)  # the base translators' files in a world
 QE_MODELS = ("kiwi", "comet", "judge")  # every world's; the default one also has weaker kiwis
 
@@ -119,7 +120,7 @@ SIZES = {
         qe_fit={},
         weaker_kiwis={"kiwi-weak": 0.05, "kiwi-medium": 0.2},
         top_range=dict(families=("nllb",), pairs=2000, checkpoints=(500, 1000, 2000, 4000, 6000), lr=8e-3,
-                       hacked_steps=300, hacked_lr=2e-3, qe_ebm=["qe_ebm.rho=0.3"], reinforce=["reinforce.beta=1.0"],
+                       hacked_steps=300, hacked_lr=2e-3, qe_ebm=["qe_ebm.rho=0.3"], reinforce=["reinforce.pg_weight=1.0"],
                        share=0.3, k=3, fit={"epochs": 2, "lr": 3e-4}),
     ),
     "micro": WorldSize(
@@ -144,7 +145,7 @@ SIZES = {
         weaker_kiwis={},
         top_range=dict(families=("nllb",), pairs=20, checkpoints=(2, 4), lr=1e-3, hacked_steps=2, hacked_lr=1e-3,
                        qe_ebm=["qe_ebm.rho=0.3", "qe_ebm.sampling.max_new_tokens=8"],
-                       reinforce=["reinforce.beta=1.0", "reinforce.sampling.max_new_tokens=8"], share=0.3, k=2,
+                       reinforce=["reinforce.pg_weight=1.0", "reinforce.sampling.max_new_tokens=8"], share=0.3, k=2,
                        fit={"epochs": 1}),
     ),
 }
@@ -659,11 +660,14 @@ def export_qe(world: str | Path, out: str | Path) -> Path:
 
 
 def _code_version() -> str:
-    """The commit of this checkout, when there is one (the QEs' weights depend on the sampler's code)."""
+    """The commit of this checkout, when there is one (the QEs' weights depend on the sampler's code);
+    an installed package has none."""
     import subprocess
 
     from qeebm import __version__
 
+    if not (resources.PACKAGE.parent / ".git").exists():
+        return f"qeebm {__version__}"
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
                                 text=True, timeout=10).stdout.strip()
