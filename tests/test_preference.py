@@ -301,6 +301,25 @@ def test_two_steps_move_every_parameter(world, tmp_path, method, family):
         assert second["dpo/reward_margin"] != 0.0
 
 
+@pytest.mark.parametrize("method", ["dpo", "cpo"])
+def test_micro_batches_add_up_to_the_full_batch_step(world, tmp_path, method):
+    # Beam candidates (no RNG), dropout 0: two micro-batches of 4 train as one batch of 8 does,
+    # the means over the step's pairs and chosen tokens included; only float rounding may differ.
+    runs = {}
+    for accum in (1, 2):
+        cfg = config(world, tmp_path / f"accum{accum}", method, f"optim.grad_accum={accum}", "optim.max_steps=2",
+                     "preference.candidates=beam", "optim.max_grad_norm=0.5", "preference.guards=false")
+        train(cfg)
+        runs[accum] = (read_metrics(cfg.output.run_dir), final_weights(cfg.output.run_dir))
+    (one, w1), (two, w2) = runs[1], runs[2]
+    assert one[0][f"{method}/pairs"] > 0.5  # pairs in both micro-batches
+    for a, b in zip(one, two):
+        for key in ("loss", f"{method}/loss", f"{method}/reward_margin", f"{method}/pairs", f"{method}/chosen_logp",
+                    f"{method}/ce"):
+            assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-6), key
+    assert all(torch.allclose(w1[k], w2[k], atol=1e-6) for k in w1)
+
+
 def test_lora_dpo_reference_is_the_translator_with_its_adapter_disabled(world, tmp_path, length_scorer, monkeypatch):
     lora = ["model.lora.enabled=true", "model.lora.r=4", "model.lora.dropout=0.1", "model.dropout=0.1"]
     cfg = config(world, tmp_path / "lora", "dpo", *lora, "preference.guards=false")
