@@ -170,7 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "train",
-        help="train a translator with one method (sft, qe-ebm, reinforce, ppo, qe-finetune)",
+        help="train a translator with one method (sft, qe-ebm, reinforce, ppo, qe-finetune, dpo, cpo)",
         description="Train with the method named by the config key 'method'. Settings: the dataclass "
         "defaults (qeebm/config.py), then --config YAML, then dotted overrides. Resumes from run_dir if it "
         "holds a checkpoint. Multi-process: accelerate launch -m qeebm.cli train ...",
@@ -180,6 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
         "  reinforce    CE + policy gradient, the QE's score as reward             reinforce.*, guards.*\n"
         "  ppo          PPO, the QE's score as reward, KL to the initial model     ppo.*, guards.*\n"
         "  qe-finetune  CE + CE on the QE's (or MBR's) pick of N candidates        qe_finetune.*\n"
+        "  dpo          CE + DPO on the QE's best and worst of N candidates        preference.*, guards.*\n"
+        "  cpo          CE + CPO (no reference model, NLL on the best) likewise    preference.*, guards.*\n"
         "examples (recipes/configs/tiny_*.yaml, after `qeebm tinyworld build data/tinyworld`):\n"
         "  qeebm train --config recipes/configs/tiny_sft.yaml\n"
         "  qeebm train --config recipes/configs/tiny_qe-ebm-static.yaml qe_ebm.rho=0.3 output.run_dir=runs/qe-ebm",

@@ -30,6 +30,9 @@ TINYWORLD_DIR = "data/tinyworld"
 # NAME.yaml), its run directory, the report's "system"; the tiny demo, the sweep and the real
 # recipes all list them from here, in this order.
 SYSTEMS = ("sft", "reinforce", "ppo", "qe-ebm-static", "qe-ebm-dynamic", "qe-finetune")
+# Systems with recipes of their own (tiny and real) that the demo, the sweep and a recipe's default
+# plan leave out; a recipe runs them when ``--systems`` names them.
+EXTRA_SYSTEMS = ("dpo", "cpo")
 # The tiny world's positive control: systems trained against an energy or reward that knows the answer
 # (the world's true reference of every pool sentence); tiny recipes only (qeebm/demo.py, TARGETS).
 ORACLE_SYSTEMS = ("qe-ebm-oracle", "reinforce-oracle", "reinforce-chrf")
@@ -405,6 +408,52 @@ class QeFinetuneConfig:
 
 
 @dataclass
+class PreferenceConfig:
+    """Preference optimisation on QE-ranked candidates, ``method: dpo`` (Rafailov et al. 2023) or
+    ``method: cpo`` (Xu et al. 2024, ALMA-R): loss = alpha * CE(labelled batch) + the preference loss
+    (a mean over the step's pairs) + nll_weight * NLL(chosen translations) (a token mean).
+
+    Each source of the ``pool`` ("mono": the source-only pool, ``data.mono``, as the other QE-trained
+    methods; "labelled": the labelled batch's sources; "both") gets ``num_candidates`` translations by
+    the *teacher*, the translator as it was at the latest refresh, every ``refresh_every`` steps (0:
+    never: the initial model, offline preference data, as DPO and ALMA-R use). ``candidates``: "beam"
+    (the N best of a beam of max(``num_beams``, N)) or "sample" (``temperature``, ``top_k``, ``top_p``,
+    ``epsilon``). ``include_reference``: a labelled source's reference joins its candidates (CPO's
+    triplets: reference and system outputs ranked together). The QE at ``qe.path`` scores every
+    candidate; chosen = the best that trips no guard (``guards``, qeebm/guards.py, when ``guards`` is
+    true), rejected = the worst, a guard-tripping candidate ranking below every clean one.
+
+    ``beta``: DPO's and CPO's own name for the scale of the implicit reward inside the sigmoid, loss
+    = -log sigmoid(beta * margin), margin = the chosen's minus the rejected's log pi/pi_ref (DPO) or
+    log pi (CPO), summed over tokens. It is not a loss weight: the loss flattens once beta * margin is
+    a few units, so a larger beta stops the translator nearer its reference model (DPO: the KL
+    coefficient of the objective it solves) or at a smaller margin (CPO); the gradient of a fresh
+    pair is beta / 2 times that of its margin. ``nll_weight``: the NLL of the chosen translations
+    (CPO's term; None: the method's own, 1.0 for CPO as published and 0 for DPO, where a positive
+    weight gives RPO, Pang et al. 2024). ``reference`` (DPO): "initial", the starting translator
+    (DPO's own), or "teacher", the teacher as last refreshed, which with ``refresh_every`` > 0 makes
+    iterative DPO: each round's reference is the policy that wrote its candidates.
+    ``alpha``: the labelled CE, as every method keeps it; 0 skips its forward pass."""
+
+    pool: str = "mono"  # mono | labelled | both
+    candidates: str = "sample"  # beam | sample
+    num_candidates: int = 8
+    num_beams: int = 1
+    max_new_tokens: int = 50
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    epsilon: float = 0.0
+    refresh_every: int = 0
+    include_reference: bool = False
+    beta: float = 0.1
+    alpha: float = 1.0
+    nll_weight: Optional[float] = None
+    reference: str = "initial"  # initial | teacher (DPO)
+    guards: bool = True
+
+
+@dataclass
 class Config:
     method: str = "sft"
     seed: int = 42
@@ -420,6 +469,7 @@ class Config:
     reinforce: ReinforceConfig = field(default_factory=ReinforceConfig)
     ppo: PPOConfig = field(default_factory=PPOConfig)
     qe_finetune: QeFinetuneConfig = field(default_factory=QeFinetuneConfig)
+    preference: PreferenceConfig = field(default_factory=PreferenceConfig)
     # Reward-hacking guards (qeebm/guards.py) for the methods that switch them on.
     guards: GuardConfig = field(default_factory=GuardConfig)
 
@@ -548,6 +598,9 @@ CHOICES = {
     "ppo.critic": ("detached", "shared"),
     "qe_finetune.candidates": ("beam", "sample"),
     "qe_finetune.selection": ("rerank", "mbr"),
+    "preference.pool": ("mono", "labelled", "both"),
+    "preference.candidates": ("beam", "sample"),
+    "preference.reference": ("initial", "teacher"),
     "generation.sampler": SAMPLERS,
     **{f"{section}.sampling.sampler": SAMPLERS for section in SAMPLING_SECTIONS},
     **{f"data.{split}.format": CORPUS_FORMATS for split in SPLIT_FILES},

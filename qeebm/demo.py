@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 
 from qeebm import resources
-from qeebm.config import ORACLE_SYSTEMS, SEEDS, SYSTEMS, data_path_overrides
+from qeebm.config import EXTRA_SYSTEMS, ORACLE_SYSTEMS, SEEDS, SYSTEMS, data_path_overrides
 from qeebm.runlog import validations
 from qeebm.tinyworld.build import build, is_built
 
@@ -184,9 +184,9 @@ def best_system(run_dirs: dict) -> str:
 
 
 def default_systems() -> list[str]:
-    """Every system the demo can train: those with a tiny recipe, in ``SYSTEMS`` then
-    ``ORACLE_SYSTEMS`` order."""
-    return [name for name in (*SYSTEMS, *ORACLE_SYSTEMS) if (CONFIGS / tiny_recipe(name)).is_file()]
+    """Every system the demo and the sweep can train: those with a tiny recipe, in ``SYSTEMS``,
+    ``EXTRA_SYSTEMS``, ``ORACLE_SYSTEMS`` order."""
+    return [name for name in (*SYSTEMS, *EXTRA_SYSTEMS, *ORACLE_SYSTEMS) if (CONFIGS / tiny_recipe(name)).is_file()]
 
 
 def plateau_dir(runs: Path, seed: int, seeds: int) -> Path:

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Callable, Optional, Union
 
 from qeebm import resources
-from qeebm.config import SEEDS, SYSTEMS, Config, data_path_overrides, flat_dict, load_config, to_dict
+from qeebm.config import EXTRA_SYSTEMS, SEEDS, SYSTEMS, Config, data_path_overrides, flat_dict, load_config, to_dict
 from qeebm.data_prep import HubCorpus, is_prepared
 from qeebm.entry import setup_process
 from qeebm.errors import QeebmError
@@ -49,6 +49,8 @@ log = logging.getLogger("qeebm.recipe")
 REPO = Path(__file__).resolve().parent.parent
 CONFIGS = resources.CONFIGS / "real"
 DEFAULT_MODEL = "mbart50"
+# What --systems may name: the comparison's systems (run by default) and those run on request.
+KNOWN_SYSTEMS = tuple(dict.fromkeys(SYSTEMS + EXTRA_SYSTEMS))
 
 
 @dataclass(frozen=True)
@@ -164,7 +166,8 @@ def parse_args(argv: list[str], recipe: Union[Recipe, Callable], prog: str) -> a
                                              "derived from the mBART-50 code when there is one")
         p.add_argument("--corpus", choices=("opus100", "ted"), default="opus100", help="public corpus (default opus100)")
     p.add_argument("--model", help="translator: mbart50 (published, default) or nllb600m")
-    p.add_argument("--systems", help=f"comma-separated subset of {','.join(SYSTEMS)}")
+    p.add_argument("--systems", help=f"comma-separated systems among {','.join(KNOWN_SYSTEMS)} (default: "
+                                     f"{','.join(SYSTEMS)})")
     p.add_argument("--seeds", type=int, metavar="N", help="run the first N of the recipe's seeds")
     p.add_argument("--seed", type=int, action="append", metavar="S", help="run this seed (repeatable) instead")
     p.add_argument("--steps", type=int, metavar="N", help="optimiser steps per run (optim.max_steps)")
@@ -226,9 +229,9 @@ def build_plan(recipe: Recipe, args: argparse.Namespace) -> Plan:
     systems = recipe.systems
     if args.systems:
         systems = tuple(s.strip() for s in args.systems.split(",") if s.strip())
-        unknown = [s for s in systems if s not in SYSTEMS]
+        unknown = [s for s in systems if s not in KNOWN_SYSTEMS]
         if unknown:
-            raise QeebmError(f"unknown system(s) {', '.join(unknown)}; choose from {', '.join(SYSTEMS)}")
+            raise QeebmError(f"unknown system(s) {', '.join(unknown)}; choose from {', '.join(KNOWN_SYSTEMS)}")
     seeds = tuple(args.seed) if args.seed else recipe.seeds[: args.seeds] if args.seeds else recipe.seeds
     if not seeds or not systems:
         raise QeebmError("nothing to run: no seeds or no systems selected")
@@ -270,8 +273,8 @@ def build_plan(recipe: Recipe, args: argparse.Namespace) -> Plan:
     for item in args.set:
         key = item.split("=", 1)[0]
         target, sep, _ = key.partition(":")
-        if sep and target not in SYSTEMS:
-            raise QeebmError(f"--set {item}: '{target}' is not a system ({', '.join(SYSTEMS)})")
+        if sep and target not in KNOWN_SYSTEMS:
+            raise QeebmError(f"--set {item}: '{target}' is not a system ({', '.join(KNOWN_SYSTEMS)})")
         scoped.setdefault(target if sep else None, []).append(item[len(target) + 1:] if sep else item)
     runs = []
     for seed in seeds:

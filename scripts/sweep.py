@@ -55,7 +55,8 @@ KNOBS = {
     "ppo": ("ppo.kl_target", (1.0, 4.0), "KL target"),
     "qe-finetune": ("qe_finetune.distill_weight", (0.5, 1.0), "distill_weight"),
     "dpo": ("preference.beta", (0.1, 0.5), "beta"),
-    "cpo": ("preference.beta", (0.1, 0.5), "beta"),
+    # CPO's margins are raw sequence log-prob differences (tens of nats): its loss saturates sooner.
+    "cpo": ("preference.beta", (0.1, 0.03), "beta"),
 }
 # The positive control gets its method's grid.
 KNOBS |= {"qe-ebm-oracle": KNOBS["qe-ebm-static"], "reinforce-oracle": KNOBS["reinforce"],

@@ -121,15 +121,15 @@ def test_teacher_follows_the_translator_at_each_refresh(world, tmp_path, length_
     for step, refreshed in ((1, False), (2, False), (3, True), (4, False)):
         method.before_step([dataclasses.replace(batch, step=step)], lambda t: t)
         expected = dict(tr.model.named_parameters()) if step >= 3 else initial
-        assert all(torch.equal(p, expected[n]) for n, p in method.teacher.named_parameters()), step
+        assert all(torch.equal(p, expected[n]) for n, p in method.teacher.model.named_parameters()), step
         # the pseudo-targets are the teacher's, never those of the translator being trained
         assert method.rollout(dataclasses.replace(batch, step=step)).pseudo.tgt == (after if step >= 3 else before)
     state = method.state_dict()
     assert state["refreshed_at"] == 2 and set(state["teacher"]) == {n for n, _ in tr.model.named_parameters()}
     _, other, _ = build(cfg)
     other.load_state_dict(state)
-    assert other.refreshed_at == 2
-    assert all(torch.equal(p, state["teacher"][n]) for n, p in other.teacher.named_parameters())
+    assert other.teacher.refreshed_at == 2
+    assert all(torch.equal(p, state["teacher"][n]) for n, p in other.teacher.model.named_parameters())
     # Before any refresh the teacher is the initial model, which the method rebuilds: nothing to save.
     _, unrefreshed, _ = build(cfg)
     assert unrefreshed.state_dict() == {"refreshed_at": 0, "teacher": {}}

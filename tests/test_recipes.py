@@ -19,7 +19,7 @@ from qeebm import data_prep
 from qeebm.config import load_config
 from qeebm.data_prep import HubCorpus, carve, iwslt2017, opus100, pairs_from_rows, split_train, ted_multi
 from qeebm.errors import QeebmError
-from qeebm.recipe import METRICS, SYSTEMS, Recipe, build_plan, format_plan, main, parse_args
+from qeebm.recipe import KNOWN_SYSTEMS, METRICS, SYSTEMS, Recipe, build_plan, format_plan, main, parse_args
 
 REPO = Path(__file__).resolve().parent.parent
 RECIPES = REPO / "recipes"
@@ -115,6 +115,21 @@ def test_plan_follows_the_published_setup():
     assert (finetune.num_candidates, finetune.candidates, finetune.selection, finetune.refresh_every) == (8, "beam", "rerank", 0)
 
 
+def test_preference_systems_run_when_named_under_the_same_protocol():
+    assert not {"dpo", "cpo"} & {r.system for r in plan_for(EN_MN).runs}
+    plan = plan_for(EN_MN, "--systems", "sft,dpo,cpo", "--seeds", "1", "--set", "cpo:preference.beta=0.5")
+    by_system = {r.system: r.cfg for r in plan.runs}
+    assert [r.system for r in plan.runs] == ["sft", "dpo", "cpo"]
+    for name in ("dpo", "cpo"):
+        cfg = by_system[name]
+        assert cfg.method == name and cfg.optim == by_system["sft"].optim and cfg.eval == by_system["sft"].eval
+        assert cfg.qe.path == "Unbabel/wmt22-cometkiwi-da" and cfg.model.lora.enabled
+        p = cfg.preference
+        assert (p.pool, p.candidates, p.num_candidates, p.refresh_every, p.reference, p.guards) == (
+            "mono", "sample", 8, 0, "initial", True)
+    assert (by_system["dpo"].preference.beta, by_system["cpo"].preference.beta) == (0.1, 0.5)
+
+
 def test_rerank_adds_an_evaluation_and_compare_inputs():
     plan = plan_for(EN_MN, "--systems", "sft,qe-finetune", "--seeds", "1", "--rerank")
     assert plan.selection().candidates == 8 and plan.selection().model == "Unbabel/wmt22-cometkiwi-da"
@@ -143,9 +158,9 @@ def test_selection_options_and_mistakes():
     plan = plan_for(EN_MN, "--systems", "sft,ppo", "--seed", "7", "--steps", "3", "--set", "optim.lr=1e-4")
     assert [(r.system, r.seed, r.cfg.optim.max_steps, r.cfg.optim.lr) for r in plan.runs] == [
         ("sft", 7, 3, 1e-4), ("ppo", 7, 3, 1e-4)]
-    for argv, message in [(["--systems", "sft,dpo"], "unknown system"), (["--model", "m2m"], "--model must be"),
+    for argv, message in [(["--systems", "sft,orpo"], "unknown system"), (["--model", "m2m"], "--model must be"),
                           (["--set", "optim.lrr=1"], "did you mean 'optim.lr'"),
-                          (["--set", "dpo:optim.lr=1"], "'dpo' is not a system"),
+                          (["--set", "orpo:optim.lr=1"], "'orpo' is not a system"),
                           (["--tiny", "/nonexistent"], "no finished tiny world"),
                           (["--set", "sft:optim.mixed_precision=bf16"], "must share optim.mixed_precision")]:
         with pytest.raises(QeebmError, match=message):
@@ -187,7 +202,7 @@ def test_generic_recipe_rejects_unknown_and_unsupported_codes(tmp_path):
 
 def test_real_configs_load_and_name_their_system():
     files = sorted((RECIPES / "configs" / "real").glob("*.yaml"))
-    assert sorted(f.stem for f in files) == sorted(SYSTEMS)
+    assert sorted(f.stem for f in files) == sorted(KNOWN_SYSTEMS)
     for path in files:
         cfg = load_config(path)
         assert cfg.method == ("qe-ebm" if path.stem.startswith("qe-ebm-") else path.stem)

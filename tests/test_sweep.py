@@ -49,7 +49,7 @@ def test_the_positive_control_gets_its_methods_grid():
     assert sweep.KNOBS["reinforce-oracle"] == sweep.KNOBS["reinforce-chrf"] == sweep.KNOBS["reinforce"]
 
 
-@pytest.mark.parametrize("name", [n for n in sweep.KNOBS if n not in ("dpo", "cpo")])
+@pytest.mark.parametrize("name", [n for n in sweep.KNOBS])
 def test_every_knob_is_a_key_of_its_methods_recipe(name):
     from qeebm.config import load_config
     from qeebm.demo import CONFIGS, tiny_recipe

@@ -7,6 +7,7 @@ import difflib
 from qeebm.errors import QeebmError
 from qeebm.methods.base import Batch, Method, StepOutput
 from qeebm.methods.ppo import PPO
+from qeebm.methods.preference import CPO, DPO
 from qeebm.methods.qe_ebm import QeEbm
 from qeebm.methods.qe_finetune import QeFinetune
 from qeebm.methods.reinforce import Reinforce
@@ -21,6 +22,7 @@ class _Registry(dict):
         raise QeebmError(f"unknown method '{name}'{hint}; known methods: {', '.join(sorted(self))}")
 
 
-METHODS: dict[str, type] = _Registry(sft=SFT, reinforce=Reinforce, ppo=PPO, **{"qe-ebm": QeEbm, "qe-finetune": QeFinetune})
+METHODS: dict[str, type] = _Registry(sft=SFT, reinforce=Reinforce, ppo=PPO, dpo=DPO, cpo=CPO,
+                                     **{"qe-ebm": QeEbm, "qe-finetune": QeFinetune})
 
 __all__ = ["METHODS", "Batch", "Method", "StepOutput"]

@@ -22,7 +22,7 @@ class Batch:
     ``global_examples``: examples in the whole optimiser step (``optim.batch_size``).
     ``step``: the optimiser step this micro-batch belongs to, counted from 1 (for schedules).
     ``mono``: this micro-batch's slice of the source-only pool (``data.mono``), drawn by its own step
-    sampler, or None; filled only for a method whose class sets ``needs_mono = True``.
+    sampler, or None; filled only for a method whose ``needs_mono`` is true.
     ``global_mono``: source-only sentences in the whole optimiser step (0 without a pool).
     ``mono_ref``: the references of ``mono`` (a pool with a reference column), filled only for a
     method whose ``needs_reference`` is true: what a reference-based energy or reward reads.

@@ -1,15 +1,25 @@
 """What several training methods share: the labelled batch's cross-entropy, the reward a method
-reads off a quality estimator, and the checks that go with them. Nothing here belongs to one method."""
+reads off a quality estimator and the checks that go with them, the initial translator kept as a
+reference, and the teacher that translates a method's candidates. Nothing here belongs to one method."""
 
 from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import logging
 
 import torch
 import torch.nn.functional as F
 
-from qeebm.config import Config
+from qeebm.config import Config, GenerationConfig
 from qeebm.errors import QeebmError
 from qeebm.guards import GuardResult, check
 from qeebm.methods.base import Batch
+from qeebm.qad import generate_candidates
+from qeebm.translator import eval_mode
+
+log = logging.getLogger(__name__)
 
 
 def upcast(t: torch.Tensor) -> torch.Tensor:
@@ -109,3 +119,107 @@ class QEReward:
         guarded = check(list(src), list(hyps), self.guards, tgt_lang=self.tgt_lang, src_lang=self.src_lang,
                         count_tokens=self.count_tokens)
         return score, torch.tensor(guarded.penalty, dtype=torch.float32), guarded
+
+
+class InitialPolicy:
+    """The translator as the method found it, for forward passes without gradient (a reference
+    policy, a teacher that is never refreshed), always without dropout.
+
+    With a fresh LoRA adapter (every ``lora_B`` still 0, so the adapter adds nothing yet) it is the
+    same network with the adapter disabled (peft): no second copy in memory. Otherwise (full
+    fine-tuning, or an adapter loaded to be trained further) it is a frozen copy. The loop builds the
+    method before it restores a checkpoint, so either way this is the run's starting point, also on
+    resume."""
+
+    def __init__(self, translator):
+        self.translator = translator
+        self.copy = None
+        if not (translator.is_lora and _fresh_adapter(translator.model)):
+            self.copy = copy.deepcopy(translator.model).eval().requires_grad_(False)
+
+    @contextlib.contextmanager
+    def __call__(self):
+        if self.copy is not None:
+            yield self.copy
+            return
+        with eval_mode(self.translator.model) as model, model.disable_adapter():
+            yield model
+
+
+def _fresh_adapter(model: torch.nn.Module) -> bool:
+    b = [p for name, p in model.named_parameters() if "lora_B" in name]
+    return bool(b) and all(not p.detach().any() for p in b)
+
+
+class Teacher:
+    """The translator that writes a method's candidates (QE finetuning, preference optimisation).
+
+    ``refresh_every`` 0: the initial model throughout (``InitialPolicy``; pass the method's own
+    ``initial`` to share it), which makes the candidates offline data. Otherwise a frozen copy that
+    becomes the translator as it is after ``step - 1`` updates at every step with (step - 1) a
+    multiple of ``refresh_every``; until the first refresh it is the initial model.
+
+    Exact resume: the copy differs from the initial model only in the parameters being trained, so
+    ``state_dict`` holds those (after a refresh) and the step of the latest refresh."""
+
+    def __init__(self, translator, refresh_every: int, initial: InitialPolicy | None = None, name: str = "teacher"):
+        self.translator, self.refresh_every, self.name = translator, refresh_every, name
+        self.model = None  # the refreshed copy; None: the initial model
+        self.initial = None
+        if refresh_every > 0:
+            self.model = copy.deepcopy(translator.model).eval().requires_grad_(False)
+            self._copy = dataclasses.replace(translator, model=self.model)
+        else:
+            self.initial = initial if initial is not None else InitialPolicy(translator)
+        self.trained = [n for n, p in translator.model.named_parameters() if p.requires_grad]
+        self.refreshed_at = 0  # the step after which the copy was refreshed; 0: the initial model
+
+    def refresh_due(self, step: int) -> bool:
+        r = self.refresh_every
+        return r > 0 and step > 1 and (step - 1) % r == 0
+
+    def before_step(self, step: int) -> bool:
+        """The copy becomes the translator as it is after ``step - 1`` updates, when due; returns
+        whether it did."""
+        if not self.refresh_due(step):
+            return False
+        current = dict(self.translator.model.named_parameters())
+        with torch.no_grad():
+            for name, p in self.model.named_parameters():
+                if name in current:
+                    p.copy_(current[name])
+        self.refreshed_at = step - 1
+        log.info("%s: teacher refreshed with the translator after step %d", self.name, step - 1)
+        return True
+
+    @contextlib.contextmanager
+    def __call__(self):
+        """The teacher's module, without dropout."""
+        if self.model is not None:
+            yield self.model
+            return
+        with self.initial() as model:
+            yield model
+
+    @torch.no_grad()
+    def candidates(self, src: list[str], gen: GenerationConfig, n: int) -> list[list[str]]:
+        """``n`` translations of each of ``src`` (``qad.generate_candidates``)."""
+        if self.model is not None:
+            return generate_candidates(self._copy, src, gen, n)
+        with self.initial() as model:
+            return generate_candidates(dataclasses.replace(self.translator, model=model), src, gen, n)
+
+    def state_dict(self) -> dict:
+        teacher = {}
+        if self.refreshed_at:
+            params = dict(self.model.named_parameters())
+            teacher = {n: params[n].detach().cpu().clone() for n in self.trained}
+        return {"refreshed_at": self.refreshed_at, "teacher": teacher}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.refreshed_at = int(state["refreshed_at"])
+        if state["teacher"]:
+            params = dict(self.model.named_parameters())
+            with torch.no_grad():
+                for name, value in state["teacher"].items():
+                    params[name].copy_(value)

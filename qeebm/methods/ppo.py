@@ -34,7 +34,6 @@ the minibatch's global token count.
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 from dataclasses import dataclass
 
@@ -44,7 +43,7 @@ from qeebm.config import Config
 from qeebm.errors import QeebmError
 from qeebm.guards import GuardResult, hit_rates
 from qeebm.methods.base import Batch, Method, StepOutput
-from qeebm.methods.common import QEReward, check_static_qe, label_smoothed_ce, mono_references
+from qeebm.methods.common import InitialPolicy, QEReward, check_static_qe, label_smoothed_ce, mono_references
 from qeebm.methods.sampling import Samples, mono_sources, sample, sampling_config
 from qeebm.rl import (
     AdaptiveKLController,
@@ -151,11 +150,9 @@ class PPO(Method):
         c = self.c
         self.kl_ctl = (AdaptiveKLController(c.init_kl_coef, c.kl_target, c.kl_horizon) if c.adaptive_kl
                        else FixedKLController(c.init_kl_coef))
-        # The loop builds the method before it restores a checkpoint, so this copy holds the
-        # initial weights even on resume. With LoRA there is no copy: see reference_policy.
-        self.reference = None
-        if not translator.is_lora:
-            self.reference = copy.deepcopy(translator.model).eval().requires_grad_(False)
+        # The initial model (common.InitialPolicy): with a fresh LoRA adapter, no copy.
+        self.initial = InitialPolicy(translator)
+        self.reference = self.initial.copy
 
     def extra_parameters(self) -> list[torch.nn.Parameter]:
         return list(self.value_head.parameters())
@@ -175,15 +172,10 @@ class PPO(Method):
     # ------------------------------------------------------------------------------------------
     # Forward passes
 
-    @contextlib.contextmanager
     def reference_policy(self):
         """The initial policy, always without dropout: with LoRA the same module with its adapter
         disabled (peft), so the reference costs no memory; otherwise the frozen copy."""
-        if self.reference is not None:
-            yield self.reference
-            return
-        with eval_mode(self.translator.model) as model, model.disable_adapter():
-            yield model
+        return self.initial()
 
     @contextlib.contextmanager
     def policy_mode(self, module):

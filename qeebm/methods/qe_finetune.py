@@ -14,15 +14,12 @@ backpropagating through the QE better than distilling its choices?"). Per optimi
 4. (``loss``) alpha * CE(labelled batch) + distill_weight * CE(sources, selected targets), both SFT's
    label-smoothed token means.
 
-Exact resume: the teacher differs from the initial model only in the parameters being trained, so
-``state_dict`` holds those (after a refresh) and the step of the latest refresh; candidate sampling
-draws from the run's RNG, which the checkpoint restores.
+Exact resume: the teacher (``common.Teacher``) saves what it needs; candidate sampling draws from
+the run's RNG, which the checkpoint restores.
 """
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import logging
 from dataclasses import dataclass
 
@@ -32,9 +29,9 @@ from qeebm.config import Config, GenerationConfig
 from qeebm.errors import QeebmError
 from qeebm.methods import common
 from qeebm.methods.base import Batch, Method, StepOutput
-from qeebm.methods.common import label_smoothed_ce
+from qeebm.methods.common import Teacher, label_smoothed_ce
 from qeebm.methods.sampling import mono_sources
-from qeebm.qad import CHRF, Choice, Selection, generate_candidates
+from qeebm.qad import CHRF, Choice, Selection
 
 log = logging.getLogger(__name__)
 
@@ -85,48 +82,25 @@ class QeFinetune(Method):
         # Reranking goes through the RL baselines' scorer (tests swap in a toy one there).
         scorer = common.build_scorer(cfg, translator.device) if c.selection == "rerank" else None
         self.select = self.selection.selector(translator.device, scorer)
-        # The loop builds the method before it restores a checkpoint: this copy starts as the initial model.
-        self.teacher = copy.deepcopy(translator.model).eval().requires_grad_(False)
-        self.teacher_translator = dataclasses.replace(translator, model=self.teacher)
-        self.trained = [n for n, p in translator.model.named_parameters() if p.requires_grad]
-        self.refreshed_at = 0  # the step after which the teacher was copied; 0: the initial model
+        # The loop builds the method before it restores a checkpoint: the teacher starts as the initial model.
+        self.teacher = Teacher(translator, c.refresh_every, name=self.name)
 
-    # Exact resume: the teacher's trained parameters (after a refresh) and when it was refreshed.
     def state_dict(self) -> dict:
-        params = dict(self.teacher.named_parameters())
-        teacher = {n: params[n].detach().cpu().clone() for n in self.trained} if self.refreshed_at else {}
-        return {"refreshed_at": self.refreshed_at, "teacher": teacher}
+        return self.teacher.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
-        self.refreshed_at = int(state["refreshed_at"])
-        if state["teacher"]:
-            params = dict(self.teacher.named_parameters())
-            with torch.no_grad():
-                for name, value in state["teacher"].items():
-                    params[name].copy_(value)
-
-    def refresh_due(self, step: int) -> bool:
-        r = self.c.refresh_every
-        return r > 0 and step > 1 and (step - 1) % r == 0
+        self.teacher.load_state_dict(state)
 
     def before_step(self, batches: list[Batch], all_reduce) -> dict[str, float]:
-        """1. The teacher becomes the translator as it is after ``step - 1`` updates."""
-        step = batches[0].step
-        if self.refresh_due(step):
-            current = dict(self.translator.model.named_parameters())
-            with torch.no_grad():
-                for name, p in self.teacher.named_parameters():
-                    if name in current:
-                        p.copy_(current[name])
-            self.refreshed_at = step - 1
-            log.info("qe-finetune: teacher refreshed with the translator after step %d", step - 1)
+        """1. The teacher becomes the translator as it is after ``step - 1`` updates, when due."""
+        self.teacher.before_step(batches[0].step)
         return {}
 
     @torch.no_grad()
     def rollout(self, batch: Batch) -> QeFinetuneRollout:
         # 2. N candidates of each source-only sentence from the teacher; the selection keeps one.
         src = mono_sources(batch)
-        cands = generate_candidates(self.teacher_translator, src, self.gen, self.c.num_candidates)
+        cands = self.teacher.candidates(src, self.gen, self.c.num_candidates)
         choice = self.select(src, cands)
         enc = {k: v.to(batch.input_ids.device) for k, v in self.translator.encode(src, choice.hyps).items()}
         pseudo = Batch(src=src, tgt=choice.hyps, input_ids=enc["input_ids"], attention_mask=enc["attention_mask"],
