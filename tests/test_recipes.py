@@ -245,7 +245,7 @@ def test_prepare_writes_the_split_files(tmp_path, monkeypatch):
                                                            for i in range(offset, offset + n)]})
 
     splits = {"train": table(300), "validation": None, "test": table(20, offset=1000)}
-    monkeypatch.setattr(data_prep, "hub_reachable", lambda timeout=3.0: True)
+    monkeypatch.setattr(data_prep, "check_hub", lambda corpus, out: None)
     monkeypatch.setattr(data_prep, "_load_split", lambda corpus, split, out: splits[split])
     out = data_prep.prepare(opus100("mn"), tmp_path / "data", tokenizer=None, src_code="eng_Latn",
                             tgt_code="khk_Cyrl", cap=200, labelled=0.2, seed=1)
@@ -262,7 +262,7 @@ def test_prepare_writes_the_split_files(tmp_path, monkeypatch):
     assert not {line.split("\t")[0] for line in train[1:]} & {line.split("\t")[0] for line in dev[1:]}
     assert set(manifest["files"]) == {"train.tsv", "mono.txt", "mono_ref.tsv", "dev.tsv", "test.tsv"}
     # A finished directory is left alone, even offline.
-    monkeypatch.setattr(data_prep, "hub_reachable", lambda timeout=3.0: False)
+    monkeypatch.setattr(data_prep, "check_hub", lambda corpus, out: pytest.fail("the hub was asked"))
     assert data_prep.prepare(opus100("mn"), out, tokenizer=None, src_code="eng_Latn", tgt_code="khk_Cyrl") == out
 
 
