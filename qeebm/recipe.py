@@ -25,6 +25,7 @@ the recipe through ``accelerate launch`` (or directly for --dry-run/--help).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import logging
 import os
@@ -176,6 +177,8 @@ def parse_args(argv: list[str], recipe: Union[Recipe, Callable], prog: str) -> a
     p.add_argument("--rerank", nargs="?", type=int, const=DEFAULT_CANDIDATES, default=0, metavar="N",
                    help="also evaluate every run with QE reranking: the best of N beam candidates (default "
                         f"{DEFAULT_CANDIDATES}) by the COMET-Kiwi, as rows SYSTEM+rerank in the comparison")
+    p.add_argument("--processes", type=int, metavar="N", help="plan for N processes (default: the launcher's, "
+                   "WORLD_SIZE; `bash RECIPE` passes the count of the launch it starts)")
     p.add_argument("--dry-run", action="store_true", help="print the plan and exit; loads no model or data")
     p.add_argument("--prepare-only", action="store_true", help="download and split the data, then stop")
     p.add_argument("--check", action="store_true", help="check the request and exit quietly (what `bash RECIPE` "
@@ -193,10 +196,80 @@ def config_diff(cfg: Config, explicit: list[str] = ()) -> dict:
     return {k: v for k, v in mine.items() if base.get(k) != v or k in keys}
 
 
-def _grad_accum(cfg: Config, world: int) -> int:
-    """The YAML's accumulation on one process, spread over ``world`` processes while the global
-    batch stays as published (16 = 4 x 4 on one GPU, 2 x 2 x 4 on two, 4 x 1 x 4 on four)."""
-    return max(1, cfg.optim.grad_accum // world)
+def _split_problem(cfg: Config, world: int, accum: int) -> Optional[str]:
+    """Why the global batch does not split into ``world`` x ``accum`` micro-batches, or None."""
+    from qeebm.loop import check_batch_split
+
+    try:
+        check_batch_split(cfg, world, accum)
+    except QeebmError as err:
+        return str(err)
+    return None
+
+
+def fit_grad_accum(cfg: Config, world: int) -> Optional[int]:
+    """The accumulation that splits the config's global batch exactly over ``world`` processes, or
+    None: the fewest micro-steps whose micro-batch is no larger than the config's own on one process
+    (the memory it was sized for: 16 = 4 x 4 on one GPU, 2 x 2 x 4 on two, 4 x 1 x 4 on four), else
+    the smallest micro-batch there is."""
+    o = cfg.optim
+    fits = [a for a in range(1, o.batch_size // world + 1) if _split_problem(cfg, world, a) is None]
+    sized = [a for a in fits if o.grad_accum <= world * a]
+    return sized[0] if sized else fits[-1] if fits else None
+
+
+def split_error(runs: list[Run], world: int, fixed: set[str]) -> QeebmError:
+    """The plan cannot run on ``world`` processes: which batches do not split and why, the process
+    counts that run all of it, and the batch sizes that would run on ``world`` (one line). ``fixed``:
+    the systems whose optim.grad_accum the user set, which stays as set."""
+    def fits(cfg: Config, w: int, system: str) -> bool:
+        if system in fixed:
+            return _split_problem(cfg, w, cfg.optim.grad_accum) is None
+        return fit_grad_accum(cfg, w) is not None
+
+    def with_batch(cfg: Config, size: int) -> Config:
+        return dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, batch_size=size))
+
+    by_system = {r.system: r.cfg for r in runs}
+    failing = {name: cfg for name, cfg in by_system.items() if not fits(cfg, world, name)}
+    # The reason at the largest micro-batch there is (one micro-step), or at the accumulation set.
+    reasons: dict[str, list[str]] = {}
+    for name, cfg in failing.items():
+        reasons.setdefault(_split_problem(cfg, world, cfg.optim.grad_accum if name in fixed else 1), []).append(name)
+    top = max(cfg.optim.batch_size for cfg in by_system.values())
+    counts = [w for w in range(1, top + 1) if all(fits(cfg, w, name) for name, cfg in by_system.items())]
+    larger = {}
+    for name, cfg in failing.items():
+        size = next((b for b in range(cfg.optim.batch_size + 1, 4 * cfg.optim.batch_size + world + 1)
+                     if fits(with_batch(cfg, b), world, name)), None)
+        if size is not None:
+            larger[name] = size
+    sets = [f"--set {name}:optim.batch_size={size}" for name, size in larger.items()]
+    if len(larger) == len(by_system) > 1:
+        # Every system needs another batch: the commonest size for all, the others scoped (they win).
+        common = max(set(larger.values()), key=list(larger.values()).count)
+        sets = [f"--set optim.batch_size={common}"] + [f"--set {n}:optim.batch_size={b}" for n, b in larger.items()
+                                                        if b != common]
+    fix = (f"process counts that run every system of this plan: {', '.join(map(str, counts))} "
+           "(accelerate launch --num_processes N, or num_processes in the --accelerate-config file)"
+           if counts else "no process count runs every system of this plan as configured")
+    if sets:
+        fix += f"; or, on {world}, {' '.join(sets)} (a larger batch than configured: say so when reporting)"
+    why = "; ".join(f"{', '.join(names)}: {problem}" for problem, names in reasons.items())
+    return QeebmError(f"{world} processes cannot split the global batch of every run exactly ({why}). Fix: {fix}")
+
+
+def process_count(args: argparse.Namespace) -> int:
+    """The processes the plan is for: the launcher's (WORLD_SIZE), or --processes (what `bash RECIPE`
+    passes for the launch it is about to start)."""
+    launched = os.environ.get("WORLD_SIZE")
+    if args.processes is not None:
+        if args.processes < 1:
+            raise QeebmError(f"--processes must be at least 1; got {args.processes}")
+        if launched is not None and int(launched) != args.processes:
+            raise QeebmError(f"--processes {args.processes}, but this launch has {launched} processes")
+        return args.processes
+    return int(launched or 1)
 
 
 def resolve_recipe(recipe: Union[Recipe, Callable], args: argparse.Namespace) -> Recipe:
@@ -235,7 +308,7 @@ def build_plan(recipe: Recipe, args: argparse.Namespace) -> Plan:
     if args.rerank < 0:
         raise QeebmError(f"--rerank takes a number of candidates of at least 1; got {args.rerank}")
     out = Path(args.out or REPO / "runs" / "recipes" / recipe.name)
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    world = process_count(args)
     tiny = Path(args.tiny).resolve() if args.tiny else None
     notes = []
     if tiny is not None:
@@ -271,23 +344,26 @@ def build_plan(recipe: Recipe, args: argparse.Namespace) -> Plan:
         if sep and target not in SYSTEMS:
             raise QeebmError(f"--set {item}: '{target}' is not a system ({', '.join(SYSTEMS)})")
         scoped.setdefault(target if sep else None, []).append(item[len(target) + 1:] if sep else item)
-    runs = []
+    runs, fixed, splits = [], set(), True
     for seed in seeds:
         for system in systems:
             user = scoped.get(None, []) + scoped.get(system, [])
             path = CONFIGS / f"{system}.yaml"
             overrides = common + [f"seed={seed}", f"output.run_dir={out / 'runs' / model / system / f'seed{seed}'}"]
             cfg = load_config(path, overrides + user)
-            if not any(o.split("=", 1)[0].strip() == "optim.grad_accum" for o in user):
-                accum = _grad_accum(cfg, world)
-                if accum != cfg.optim.grad_accum:
+            if any(o.split("=", 1)[0].strip() == "optim.grad_accum" for o in user):
+                fixed.add(system)
+                ok = _split_problem(cfg, world, cfg.optim.grad_accum) is None
+            else:
+                accum = fit_grad_accum(cfg, world)
+                ok = accum is not None
+                if ok and accum != cfg.optim.grad_accum:
                     overrides.append(f"optim.grad_accum={accum}")
                     cfg = load_config(path, overrides + user)
-            o = cfg.optim
-            if o.batch_size % (world * o.grad_accum):
-                raise QeebmError(f"{system}: optim.batch_size={o.batch_size} cannot be split over {world} processes x "
-                                 f"{o.grad_accum} micro-steps; use another process count or --set {system}:optim.batch_size=...")
             runs.append(Run(system, seed, path, overrides + user, cfg))
+            splits &= ok
+    if not splits:
+        raise split_error(runs, world, fixed)
     precisions = {r.cfg.optim.mixed_precision for r in runs}
     if len(precisions) > 1:
         # accelerate keeps one mixed-precision state per process, fixed by the first run.

@@ -130,13 +130,50 @@ def test_several_processes_keep_the_global_batch(monkeypatch):
     plan = plan_for(EN_MN, "--seeds", "1")
     accum = {r.system: (r.cfg.optim.batch_size, r.cfg.optim.grad_accum) for r in plan.runs}
     assert accum["sft"] == (16, 2) and accum["qe-ebm-dynamic"] == (16, 2) and accum["ppo"] == (20, 1)
-    monkeypatch.setenv("WORLD_SIZE", "8")
-    with pytest.raises(QeebmError, match="ppo: optim.batch_size=20 cannot be split over 8 processes"):
-        plan_for(EN_MN)
-    plan = plan_for(EN_MN, "--seeds", "1", "--set", "ppo:optim.batch_size=24", "--set", "ppo:ppo.minibatches=6")
-    ppo = next(r for r in plan.runs if r.system == "ppo")
-    sft = next(r for r in plan.runs if r.system == "sft")
-    assert ppo.cfg.optim.batch_size == 24 and sft.cfg.optim.batch_size == 16 and sft.cfg.optim.grad_accum == 1
+    with pytest.raises(QeebmError, match="--processes 4, but this launch has 2 processes"):
+        plan_for(EN_MN, "--processes", "4")
+    monkeypatch.delenv("WORLD_SIZE")
+    # The published micro-batch (4 sources per process) is kept where the arithmetic allows it.
+    for world, micro_steps in [(1, 4), (2, 2), (4, 1), (8, 1), (16, 1)]:
+        sft = plan_for(EN_MN, "--seeds", "1", "--systems", "sft", "--processes", str(world)).runs[0].cfg.optim
+        assert (sft.batch_size, sft.grad_accum) == (16, micro_steps), world
+    # A configured micro-batch of 6 (24 = 6 x 4) on 3 processes: 2 micro-steps of 4, not 1 of 8.
+    sft = plan_for(EN_MN, "--seeds", "1", "--systems", "sft", "--processes", "3",
+                   "--set", "optim.batch_size=24").runs[0].cfg.optim
+    assert (sft.batch_size, sft.grad_accum) == (24, 2)
+
+
+@pytest.mark.parametrize("world", [3, 5, 6, 7, 8])
+def test_process_counts_that_do_not_split_are_refused_with_a_fix_that_works(world):
+    with pytest.raises(QeebmError) as err:
+        plan_for(EN_MN, "--seeds", "1", "--processes", str(world))
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith(f"{world} processes cannot split the global batch of every run exactly")
+    # 16 splits over 1, 2, 4, 8, 16 processes; PPO's rollout of 20 into 5 minibatches per process over 1, 2, 4.
+    assert "process counts that run every system of this plan: 1, 2, 4 (accelerate launch --num_processes N" in msg
+    if world == 8:
+        assert "(ppo: optim.batch_size=20 must be divisible by processes x optim.grad_accum = 8 x 1" in msg
+    if world == 5:  # 20 splits over 5, but a micro-batch of 4 cannot make 5 minibatches
+        assert "ppo: ppo.minibatches=5 partition each process's micro-batch, which would hold 4 samples" in msg
+    for ok in (1, 2, 4):
+        plan_for(EN_MN, "--seeds", "1", "--processes", str(ok))
+    # The batch sizes it proposes run on this process count.
+    fix = msg.split(f"on {world}, ")[1].split(" (a larger batch")[0].split()
+    plan = plan_for(EN_MN, "--seeds", "1", "--processes", str(world), *fix)
+    for run in plan.runs:
+        o = run.cfg.optim
+        assert o.batch_size % (world * o.grad_accum) == 0 and o.batch_size >= (20 if run.system == "ppo" else 16)
+
+
+def test_ppo_micro_batches_too_small_for_its_minibatches_stop_at_the_start(tmp_path):
+    from qeebm.loop import check_batch_split
+
+    cfg = load_config(RECIPES / "configs" / "real" / "ppo.yaml")
+    check_batch_split(cfg, 4, 1)  # 5 sources per process, 5 minibatches of 1
+    with pytest.raises(QeebmError, match="ppo.minibatches=5 partition each process's micro-batch, which would hold 4"):
+        check_batch_split(cfg, 5, 1)
+    with pytest.raises(QeebmError, match="must be divisible by processes x optim.grad_accum = 3 x 1"):
+        check_batch_split(cfg, 3, 1)
 
 
 def test_selection_options_and_mistakes():
