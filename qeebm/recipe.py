@@ -1,7 +1,8 @@
 """The recipe runner: one language pair's published comparison, from a recipe file of a few lines.
 
-A recipe file (``recipes/en-mn.sh``) states the pair, the public corpus, the models, the systems and
-the seeds as a ``Recipe`` and calls ``main``. ``main`` parses the command line into a ``Plan``
+A ``Recipe`` states the pair, the public corpus, the models, the systems and the seeds; the table
+of published pairs is ``qeebm/pairs.py``, run by ``recipes/recipe.sh`` (every ``recipes/<pair>.sh``
+links to it). ``main`` parses the command line into a ``Plan``
 (every run's resolved config, checked before anything slow happens) and runs it:
 
 1. data: the corpus is downloaded once and split as published (``qeebm/data_prep.py``) by the

@@ -19,11 +19,12 @@ from qeebm import data_prep
 from qeebm.config import load_config
 from qeebm.data_prep import HubCorpus, carve, iwslt2017, opus100, pairs_from_rows, split_train, ted_multi
 from qeebm.errors import QeebmError
+from qeebm.pairs import PAIRS
 from qeebm.recipe import METRICS, SYSTEMS, Recipe, build_plan, format_plan, main, parse_args
 
 REPO = Path(__file__).resolve().parent.parent
 RECIPES = REPO / "recipes"
-PAIRS = ["en-mn", "en-az", "en-ka", "en-mr", "en-bn", "en-de", "en-zh"]
+PAIRS_TESTED = ["en-mn", "en-az", "en-ka", "en-mr", "en-bn", "en-de", "en-zh"]
 # The same interpreter for bash's re-execution, and no hub anywhere.
 ENV = {**os.environ, "QEEBM_PYTHON": sys.executable, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
        "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
@@ -46,8 +47,7 @@ def plan_for(recipe: Recipe, *argv: str):
     return build_plan(recipe, parse_args(list(argv), recipe, "test"))
 
 
-EN_MN = Recipe(name="en-mn", tgt_lang="khk_Cyrl", corpus=ted_multi("mn"))
-EN_DE = Recipe(name="en-de", tgt_lang="deu_Latn", corpus=iwslt2017("de"), length_ratio=(1.05, 1.36))
+EN_MN, EN_DE = PAIRS["en-mn"], PAIRS["en-de"]
 
 
 @pytest.fixture
@@ -63,7 +63,7 @@ def quiet_qeebm_logger():
 # Dry runs: offline, nothing loaded, nothing written
 
 
-@pytest.mark.parametrize("pair", PAIRS + ["any-pair"])
+@pytest.mark.parametrize("pair", PAIRS_TESTED + ["any-pair"])
 def test_every_recipe_dry_run_prints_its_plan(pair, tmp_path):
     extra = ["kat_Geor"] if pair == "any-pair" else []
     out = tmp_path / "out"
@@ -80,6 +80,25 @@ def test_every_recipe_dry_run_prints_its_plan(pair, tmp_path):
     assert "--baseline sft" in text
     assert not out.exists(), "a dry run must not write anything"
     assert time.monotonic() - start < 30
+
+
+def test_one_launcher_serves_every_pair_by_its_name(tmp_path):
+    from qeebm.pairs import GENERIC
+
+    # Every recipes/<pair>.sh is the launcher under another name, and the table holds exactly those.
+    links = {p.name.removesuffix(".sh") for p in RECIPES.glob("*.sh") if p.is_symlink()}
+    assert links == set(PAIRS) | {GENERIC} and set(PAIRS) == set(PAIRS_TESTED)
+    assert all((RECIPES / f"{name}.sh").resolve() == RECIPES / "recipe.sh" for name in links)
+    assert {name: r.name for name, r in PAIRS.items()} == {name: name for name in PAIRS}
+    # Called as itself, the launcher takes the pair first: the same plan as the pair's own name.
+    by_name = run(["bash", str(RECIPES / "en-de.sh"), "--dry-run", "--out", str(tmp_path)], timeout=60)
+    by_arg = run(["bash", str(RECIPES / "recipe.sh"), "en-de", "--dry-run", "--out", str(tmp_path)], timeout=60)
+    assert by_name.returncode == by_arg.returncode == 0 and by_name.stdout == by_arg.stdout
+    assert "recipe en-de: eng_Latn -> deu_Latn" in by_name.stdout
+    proc = run(["bash", str(RECIPES / "recipe.sh"), "en-xx", "--dry-run"], timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == ("error: no recipe for the pair 'en-xx'; the pairs: en-mn, en-az, en-ka, en-mr, "
+                                   "en-bn, en-de, en-zh, any-pair")
 
 
 def test_dry_run_shows_the_pair_data_guards_and_models():
