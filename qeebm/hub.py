@@ -10,6 +10,7 @@ network failure says what the client met.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Optional
 
 from qeebm.errors import QeebmError, first_line
@@ -117,3 +118,28 @@ def check_access(repo_id: str, repo_type: str = "model", revision: Optional[str]
             api.auth_check(repo_id, repo_type=repo_type)
     except Exception as err:  # noqa: BLE001 - the client raises many types; reason() names each
         raise QeebmError(reason(err, repo_id, repo_type)) from err
+
+
+def cached(repo_id: str, repo_type: str = "model", revision: Optional[str] = None,
+           allow_patterns=None) -> Optional[Path]:
+    """The repository's snapshot in the local Hugging Face cache, or None when it is not there."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(repo_id, repo_type=repo_type, revision=revision, local_files_only=True,
+                                      allow_patterns=allow_patterns))
+    except Exception:  # noqa: BLE001 - a cache miss has several types across hub versions
+        return None
+
+
+def require(repo_id: str, repo_type: str = "model", revision: Optional[str] = None,
+            required: Optional[str] = None) -> str:
+    """Where ``repo_id`` will come from: the local cache (holding ``required``, if named), else the hub
+    when ``check_access`` says it can be had from here. Raises a QeebmError saying why not."""
+    snap = cached(repo_id, repo_type, revision)
+    if snap is not None and (required is None or (snap / required).is_file()):
+        return "in the local Hugging Face cache"
+    if offline(datasets=repo_type == "dataset"):
+        raise QeebmError(f"'{repo_id}' is not in the local Hugging Face cache and offline mode is on (HF_HUB_OFFLINE)")
+    check_access(repo_id, repo_type, revision)
+    return "on the hub, readable from here"

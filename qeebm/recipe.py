@@ -182,8 +182,12 @@ def parse_args(argv: list[str], recipe: Union[Recipe, Callable], prog: str) -> a
                    "WORLD_SIZE; `bash RECIPE` passes the count of the launch it starts)")
     p.add_argument("--dry-run", action="store_true", help="print the plan and exit; loads no model or data")
     p.add_argument("--prepare-only", action="store_true", help="download and split the data, then stop")
-    p.add_argument("--check", action="store_true", help="check the request and exit quietly (what `bash RECIPE` "
-                                                          "does before it starts accelerate)")
+    p.add_argument("--check", action="store_true",
+                   help="check the plan for this launch's process count, then access to, download and loading of every "
+                        "model and data set it will touch (translator, corpus, COMET-Kiwi, COMET, XCOMET, judges), "
+                        "and exit: 0 when all of them load here")
+    # What `bash RECIPE` runs before it starts accelerate: the plan alone, in a second.
+    p.add_argument("--check-plan", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--accelerate-config", metavar="FILE",
                    help="with `bash RECIPE`: the accelerate config to launch with (recipes/accelerate/*.yaml)")
     return p.parse_args(argv)
@@ -437,17 +441,22 @@ def _free_memory() -> None:
         torch.cuda.empty_cache()
 
 
-def prepare_data(plan: Plan, state) -> None:
+def prepare_corpus(plan: Plan) -> None:
+    """The data step: the corpus downloaded and split into ``plan.data_dir`` (once)."""
     from qeebm.data_prep import prepare
 
-    if plan.tiny is not None:
-        return
     cfg = plan.runs[0].cfg
     choice = MODELS[plan.model]
+    prepare(plan.recipe.corpus, plan.data_dir, tokenizer=choice.hub_id,
+            src_code=to_model_code(cfg.model.src_lang, choice.family),
+            tgt_code=to_model_code(cfg.model.tgt_lang, choice.family), max_tokens=cfg.data.max_tokens)
+
+
+def prepare_data(plan: Plan, state) -> None:
+    if plan.tiny is not None:
+        return
     if state.is_local_main_process:
-        prepare(plan.recipe.corpus, plan.data_dir, tokenizer=choice.hub_id,
-                src_code=to_model_code(cfg.model.src_lang, choice.family),
-                tgt_code=to_model_code(cfg.model.tgt_lang, choice.family), max_tokens=cfg.data.max_tokens)
+        prepare_corpus(plan)
         return
     # Polling the manifest instead of a barrier: a download may outlast NCCL's collective timeout,
     # and if the main process fails the launcher ends this one.
@@ -534,6 +543,12 @@ def execute(plan: Plan) -> None:
     if plan.tiny is not None:
         # Tiny models gain nothing from intra-op threads, and lose a lot on a busy shared machine.
         torch.set_num_threads(1)
+    if state.is_local_main_process:
+        # Seconds: a model or data set this plan cannot have (a licence not accepted for XCOMET, which
+        # only the evaluation reads) stops it now, not after the trainings.
+        from qeebm import preflight
+
+        preflight.access(plan)
     prepare_data(plan, state)
     if plan.prepare_only:
         return
@@ -553,6 +568,21 @@ def _is_main_process() -> bool:
     return os.environ.get("RANK", "0") == "0"
 
 
+def _is_local_main_process() -> bool:
+    return os.environ.get("LOCAL_RANK", "0") == "0"
+
+
+def format_split(plan: Plan) -> str:
+    """How each system's global batch is split over the plan's processes."""
+    parts = {}
+    for r in plan.runs:
+        o = r.cfg.optim
+        parts[r.system] = (f"{r.system} {o.batch_size} = {plan.world} x {o.grad_accum} x "
+                           f"{o.batch_size // (plan.world * o.grad_accum)}")
+    return (f"{plan.world} process(es); global batch = processes x micro-steps x micro-batch: "
+            + ", ".join(parts.values()))
+
+
 def main(recipe: Union[Recipe, Callable], argv: Optional[list[str]] = None, prog: Optional[str] = None) -> int:
     """The Python part of a recipe file: plan, then print (--dry-run) or run. Exit code 2 with a
     one-line error for anything wrong in the request."""
@@ -568,7 +598,15 @@ def main(recipe: Union[Recipe, Callable], argv: Optional[list[str]] = None, prog
             raise QeebmError("--accelerate-config is for `bash RECIPE ...`; under accelerate launch pass "
                              "--config_file to accelerate itself")
         plan = build_plan(resolve_recipe(recipe, args), args)
+        if args.check_plan:
+            return 0
         if args.check:
+            if _is_local_main_process():
+                from qeebm import preflight
+
+                print(f"check of {prog}: model {plan.model}, {len(plan.runs)} runs, {format_split(plan)}", flush=True)
+                preflight.check(plan)
+                print("check passed: every model and data set of the plan loads here", flush=True)
             return 0
         if args.dry_run:
             if _is_main_process():
@@ -581,12 +619,29 @@ def main(recipe: Union[Recipe, Callable], argv: Optional[list[str]] = None, prog
     return 0
 
 
+def launch_processes(config: Optional[str]) -> int:
+    """How many processes ``accelerate launch [--config_file CONFIG] RECIPE`` starts, as accelerate
+    itself reads it: the config's num_processes, else its default config's, else one per GPU."""
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+
+    args = launch_command_parser().parse_args([*(["--config_file", config] if config else []), "recipe"])
+    logging.disable(logging.WARNING)  # its notes on values it filled in are for the launch itself
+    try:
+        args = _validate_launch_command(args)[0]
+    except ValueError as err:
+        raise QeebmError(f"accelerate launch{' --config_file ' + config if config else ''}: {err}") from None
+    finally:
+        logging.disable(logging.NOTSET)
+    return int(args.num_processes or 1)
+
+
 def relaunch(script: str, args: list[str]) -> int:
     """``bash RECIPE ARGS``: run the recipe file through ``accelerate launch`` with this Python, the
     config from --accelerate-config (or QEEBM_ACCELERATE_CONFIG), else accelerate's own default
-    config. A dry run, --check or --help needs no launcher."""
+    config. A dry run, --check or --help needs no launcher; they plan for the process count the
+    launch would have."""
     py = sys.executable
-    if any(a in ("--dry-run", "--check", "-h", "--help") for a in args):
+    if any(a in ("-h", "--help") for a in args):
         os.execv(py, [py, script, *args])
     config = os.environ.get("QEEBM_ACCELERATE_CONFIG")
     rest = []
@@ -604,8 +659,17 @@ def relaunch(script: str, args: list[str]) -> int:
     if config and not Path(config).is_file():
         print(f"error: accelerate config file not found: {config}", file=sys.stderr)
         return 2
+    planned = rest
+    if not any(a == "--processes" or a.startswith("--processes=") for a in rest):
+        try:
+            planned = [*rest, "--processes", str(launch_processes(config))]
+        except QeebmError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+    if any(a in ("--dry-run", "--check") for a in rest):
+        os.execv(py, [py, script, *planned])
     # A bad request is a one-line error and exit 2 here, not a launcher traceback around it.
-    checked = subprocess.run([py, script, *rest, "--check"])
+    checked = subprocess.run([py, script, *planned, "--check-plan"])
     if checked.returncode:
         return checked.returncode
     cmd = [py, "-m", "accelerate.commands.launch", *(["--config_file", config] if config else []), script, *rest]

@@ -4,10 +4,6 @@ message naming the model, its licence page and the login, and a failure keeps it
 
 from __future__ import annotations
 
-import http.server
-import json
-import socket
-import threading
 from pathlib import Path
 
 import pytest
@@ -15,85 +11,13 @@ import requests
 
 from qeebm import data_prep, hub
 from qeebm.errors import QeebmError
-
-GATED = "Unbabel/XCOMET-XL"
-OPEN = "facebook/mbart-large-50"
-
-
-class FakeProxy(http.server.ThreadingHTTPServer):
-    """An HTTP proxy on 127.0.0.1. For http:// URLs (requests sends the absolute URL to the proxy) it
-    plays the hub: GATED is gated and refuses its files, OPEN is open, anything else is missing.
-    CONNECT (how https goes through a proxy) is recorded and refused, as a proxy that blocks the
-    target would."""
-
-    def __init__(self):
-        self.seen: list[tuple[str, str, str | None]] = []  # (method, target, Authorization)
-        super().__init__(("127.0.0.1", 0), _Handler)
-        self.url = f"http://127.0.0.1:{self.server_address[1]}"
-        threading.Thread(target=self.serve_forever, daemon=True).start()
-
-
-class _Handler(http.server.BaseHTTPRequestHandler):
-    def log_message(self, *args):
-        pass
-
-    def _reply(self, status: int, body: dict, **headers) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        for k, v in {"Content-Type": "application/json", "Content-Length": str(len(data)), **headers}.items():
-            self.send_header(k, v)
-        self.end_headers()
-        self.wfile.write(data)
-
-    def do_CONNECT(self):
-        self.server.seen.append(("CONNECT", self.path, self.headers.get("Authorization")))
-        self.send_response(403, "Blocked by proxy policy")
-        self.end_headers()
-
-    def do_GET(self):
-        self.server.seen.append(("GET", self.path, self.headers.get("Authorization")))
-        path = self.path.split("://", 1)[-1].split("/", 1)[1].split("?")[0]  # api/models/org/name[/...]
-        kind, _, rest = path.removeprefix("api/").partition("/")
-        repo = "/".join(rest.split("/")[:2])
-        if repo not in (GATED, OPEN):
-            self._reply(404, {"error": "Repository not found"}, **{"X-Error-Code": "RepoNotFound",
-                                                                    "X-Error-Message": "Repository not found"})
-        elif rest.endswith("/auth-check") and repo == GATED:
-            message = f"Access to model {GATED} is restricted and you are not in the authorized list."
-            self._reply(403, {"error": message}, **{"X-Error-Code": "GatedRepo", "X-Error-Message": message})
-        else:
-            self._reply(200, {"id": repo, "sha": "0" * 40, "gated": "manual" if repo == GATED else False,
-                              "siblings": []})
+from hub_helpers import GATED, OPEN, online_hub
 
 
 @pytest.fixture
 def online(monkeypatch, tmp_path):
-    """The hub client online (tests run with HF_HUB_OFFLINE=1), with no token and no proxy set
-    unless a test sets one; no one may probe the hub with a socket of its own."""
-    from huggingface_hub import constants
-    from huggingface_hub.utils import reset_sessions
-
-    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE", "HF_TOKEN",
-                 "HUGGING_FACE_HUB_TOKEN", "NO_PROXY", "no_proxy", "HTTP_PROXY", "http_proxy", "HTTPS_PROXY",
-                 "https_proxy", "ALL_PROXY", "all_proxy"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
-    direct = []
-    real = socket.create_connection
-
-    def create_connection(address, *args, **kwargs):
-        direct.append(address)
-        return real(address, *args, **kwargs)
-
-    monkeypatch.setattr(socket, "create_connection", create_connection)
-    reset_sessions()  # a session made offline refuses every request
-    proxy = FakeProxy()
-    yield proxy
-    proxy.shutdown()
-    proxy.server_close()
-    reset_sessions()
-    assert not [a for a in direct if a[0] != "127.0.0.1"], f"the hub was probed directly: {direct}"
+    with online_hub(monkeypatch, tmp_path) as proxy:
+        yield proxy
 
 
 def test_https_proxy_from_the_environment_is_used_and_its_refusal_is_the_error(online, monkeypatch):

@@ -238,6 +238,96 @@ def test_generic_recipe_rejects_unknown_and_unsupported_codes(tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------
+# --check: everything the plan touches, before the first training step
+
+
+@pytest.mark.slow
+def test_check_under_accelerate_launch_loads_everything_with_the_launch_s_processes(micro_world, tmp_path):
+    import socket
+
+    accelerate = Path(sys.executable).with_name("accelerate")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = run([str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+                "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(port),
+                "recipes/en-mn.sh", "--tiny", str(micro_world), "--check", "--seeds", "1", "--out", str(tmp_path / "out")],
+               env={"ACCELERATE_USE_CPU": "true"})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = proc.stdout
+    # Planned for the launch's two processes, printed once (by the local main process).
+    assert out.count("check of recipes/en-mn.sh: model mbart50, 6 runs, 2 process(es)") == 1
+    assert "sft 16 = 2 x 2 x 4" in out and "ppo 20 = 2 x 1 x 10" in out
+    for line in (f"ok   translator {micro_world / 'mbart-base'} (trained: sft, reinforce, ppo",
+                 f"ok   files {micro_world / 'data' / 'mono.txt'} (split: mono): read, ",
+                 f"ok   qe {micro_world / 'qe' / 'kiwi'} (validation: kiwi; training reward: reinforce, ppo",
+                 f"ok   qe {micro_world / 'qe' / 'comet'} (evaluation: comet): loaded, comet, ",
+                 f"ok   qe {micro_world / 'qe' / 'judge'} (evaluation: judge): loaded, kiwi, "):
+        assert line in out, out
+    assert out.count("ok   ") == 2 * 8 and "FAIL" not in out
+    assert out.rstrip().endswith("check passed: every model and data set of the plan loads here")
+    assert not (tmp_path / "out").exists()
+
+
+def test_check_plans_for_the_process_count_of_the_launch_bash_starts(micro_world):
+    # two_nodes.yaml starts 8 processes: PPO's rollout of 20 does not split, said before anything loads.
+    start = time.monotonic()
+    proc = run(["bash", str(RECIPES / "en-mn.sh"), "--tiny", str(micro_world), "--check",
+                "--accelerate-config", str(RECIPES / "accelerate" / "two_nodes.yaml")], timeout=60)
+    assert proc.returncode == 2 and time.monotonic() - start < 30
+    err = proc.stderr.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: 8 processes cannot split the global batch of every run")
+    assert "on 8, --set ppo:optim.batch_size=40" in err[0] and proc.stdout == ""
+
+
+def test_check_fails_in_seconds_naming_every_gated_model(monkeypatch, tmp_path, capsys, quiet_qeebm_logger):
+    from hub_helpers import online_hub
+
+    from huggingface_hub import constants
+
+    gated = ("Unbabel/wmt22-cometkiwi-da", "Unbabel/XCOMET-XL")
+    open_ = ("facebook/mbart-large-50", "neulab/ted_multi", "Unbabel/wmt22-comet-da", "microsoft/infoxlm-large",
+             "xlm-roberta-large", "facebook/xlm-roberta-xl")
+    with online_hub(monkeypatch, tmp_path, gated=gated, open=open_) as proxy:
+        monkeypatch.setattr(constants, "ENDPOINT", "http://hub.invalid")
+        monkeypatch.setenv("HTTP_PROXY", proxy.url)
+        start = time.monotonic()
+        code = main(EN_MN, ["--check", "--seeds", "1", "--systems", "sft", "--out", str(tmp_path / "out")])
+        assert code == 2 and time.monotonic() - start < 30
+    out, err = capsys.readouterr()
+    lines = {line.split(" (")[0].strip(): line for line in out.splitlines() if line.startswith("  ")}
+    assert lines["ok   translator facebook/mbart-large-50"].endswith("on the hub, readable from here (0 s)")
+    assert "ok   corpus neulab/ted_multi [plain_text/, @refs/convert/parquet] en->mn" in lines
+    assert "ok   qe Unbabel/wmt22-comet-da" in lines
+    for repo in gated:
+        line = lines[f"FAIL qe {repo}"]
+        assert f"'{repo}' is gated" in line and f"http://hub.invalid/{repo}" in line and "HF_TOKEN" in line
+    assert "validation: kiwi; evaluation: kiwi" in lines["FAIL qe Unbabel/wmt22-cometkiwi-da"]
+    assert err.strip() == ("error: access check: 2 of 5 models and data sets failed (the FAIL lines above); "
+                           "nothing was trained")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_run_checks_access_to_its_evaluation_models_before_training(micro_world, tmp_path, monkeypatch, capsys,
+                                                                      quiet_qeebm_logger):
+    """An evaluation model the hub will not give (here: not cached, offline) stops the run at once."""
+    import qeebm.recipe
+    from qeebm.evaluate import MetricSpec
+
+    monkeypatch.setattr(qeebm.recipe, "metric_spec",
+                        lambda plan: MetricSpec.tinyworld(plan.tiny, xcomet="Unbabel/XCOMET-XL"))
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    out = tmp_path / "out"
+    assert main(EN_MN, ["--tiny", str(micro_world), "--seeds", "1", "--systems", "sft", "--out", str(out)]) == 2
+    printed, err = capsys.readouterr()
+    assert "FAIL qe Unbabel/XCOMET-XL (evaluation: xcomet): 'Unbabel/XCOMET-XL' is not in the local Hugging Face " \
+           "cache and offline mode is on" in err
+    assert err.strip().endswith("error: access check: 1 of 9 models and data sets failed (the FAIL lines above); "
+                                "nothing was trained")
+    assert not (out / "runs").exists()
+
+
+# ----------------------------------------------------------------------------------------------
 # Config files
 
 

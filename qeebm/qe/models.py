@@ -82,24 +82,13 @@ def _missing_files_error(repo_id: str, encoder: str | None, why: str) -> QeebmEr
         "local directory in comet's format (hparams.yaml + checkpoints/model.ckpt [+ encoder/])")
 
 
-def _cached_snapshot(repo_id: str, allow_patterns=None) -> Path | None:
-    """The repo's snapshot in the local Hugging Face cache, or None when it is not there."""
-    from huggingface_hub import snapshot_download
-
-    try:
-        return Path(snapshot_download(repo_id, local_files_only=True, allow_patterns=allow_patterns))
-    except Exception as err:  # noqa: BLE001 - a cache miss has several types across hub versions
-        log.debug("%s is not in the Hugging Face cache: %s", repo_id, err)
-        return None
-
-
 def _cached_or_downloaded(repo_id: str, required: str, allow_patterns=None) -> Path | None:
     """The repo's snapshot holding ``required``: from the local cache, else from the hub; None when
     it is not cached and offline mode is on. What keeps the hub from providing it is raised as a
     QeebmError with its cause (a gated model's names the licence page and the login)."""
     from huggingface_hub import snapshot_download
 
-    snap = _cached_snapshot(repo_id, allow_patterns)
+    snap = hub.cached(repo_id, allow_patterns=allow_patterns)
     if snap is not None and (snap / required).is_file():
         return snap
     if hub.offline():
