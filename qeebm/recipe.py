@@ -31,6 +31,7 @@ import gc
 import logging
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -48,6 +49,8 @@ log = logging.getLogger("qeebm.recipe")
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIGS = REPO / "recipes" / "configs" / "real"
+# Set by `bash RECIPE` for the launch: where a training process notes that it stopped on a signal.
+PREEMPTED_FILE = "QEEBM_PREEMPTED_FILE"
 DEFAULT_MODEL = "mbart50"
 
 
@@ -472,8 +475,13 @@ def train_runs(plan: Plan) -> None:
             log.info("[%d/%d] %s seed %d: already trained (%s/final)", i, len(plan.runs), run.system, run.seed, run.run_dir)
             continue
         log.info("[%d/%d] training %s seed %d -> %s", i, len(plan.runs), run.system, run.seed, run.run_dir)
-        if train(run.cfg).preempted:
+        result = train(run.cfg)
+        if result.preempted:
             # The loop printed how to resume: the same command skips the finished runs and resumes this one.
+            marker = os.environ.get(PREEMPTED_FILE)
+            if marker and _is_local_main_process():
+                Path(marker).write_text(f"{run.system} seed {run.seed} stopped after step {result.step} with a "
+                                        f"checkpoint in {run.run_dir / 'checkpoints'}\n", encoding="utf-8")
             raise SystemExit(0)
         _free_memory()
 
@@ -674,8 +682,65 @@ def relaunch(script: str, args: list[str]) -> int:
         return checked.returncode
     cmd = [py, "-m", "accelerate.commands.launch", *(["--config_file", config] if config else []), script, *rest]
     print("+ " + " ".join(shlex.quote(c) for c in cmd), file=sys.stderr, flush=True)
-    os.execv(py, cmd)
-    return 0  # not reached
+    return supervise(cmd, script)
+
+
+def _is_worker(cmdline: list[str], script: str) -> bool:
+    """Whether a process runs ``script`` with Python (``python [-u] SCRIPT ...``), as every launcher
+    starts the training processes; the launchers themselves run a module (``-m``)."""
+    args = cmdline[1:]
+    while args and args[0].startswith("-"):
+        if args[0] in ("-m", "-c"):
+            return False
+        args = args[1:]
+    return bool(args) and os.path.abspath(args[0]) == os.path.abspath(script)
+
+
+def supervise(cmd: list[str], script: str) -> int:
+    """Run the launcher ``cmd`` and pass the preemption signals (SIGTERM, SIGUSR1) to the training
+    processes it started, not to the launcher: a launcher that gets SIGTERM itself gives its workers
+    5 s (accelerate's single-process launcher) or 30 s (torchrun) before SIGKILL, and exits 143 though
+    they stopped cleanly. SIGINT and SIGHUP go to the launcher, which ends its workers. Exit status:
+    the launcher's, or 0 when a training process reports (through $QEEBM_PREEMPTED_FILE) that it
+    stopped on a signal with a checkpoint, whatever the launcher says: the same command resumes."""
+    import signal
+    import tempfile
+
+    import psutil
+
+    marker = Path(tempfile.mkdtemp(prefix="qeebm-launch-")) / "preempted"
+    # A session of its own: a signal to this process group (a terminal's, or `kill -- -PGID`) reaches
+    # this process alone, which passes it on as above.
+    proc = subprocess.Popen(cmd, env={**os.environ, PREEMPTED_FILE: str(marker)}, start_new_session=True)
+
+    def relay(signum, frame):
+        try:
+            if signum in (signal.SIGINT, signal.SIGHUP):
+                proc.send_signal(signum)
+                return
+            for child in psutil.Process(proc.pid).children(recursive=True):
+                try:
+                    if _is_worker(child.cmdline(), script):
+                        child.send_signal(signum)
+                except psutil.Error:
+                    pass
+        except psutil.Error:
+            pass  # the launcher has gone
+
+    handled = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, signal.SIGHUP)
+    previous = {sig: signal.signal(sig, relay) for sig in handled}
+    try:
+        code = proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    code = 128 - code if code < 0 else code  # killed by a signal: as a shell reports it
+    if marker.is_file():
+        print(f"preempted: {marker.read_text(encoding='utf-8').strip()}; exit 0 (the launcher exited {code}): "
+              "run the same command to resume", file=sys.stderr, flush=True)
+        code = 0
+    shutil.rmtree(marker.parent, ignore_errors=True)
+    return code
 
 
 def corpus_code(nllb: str, corpus_lang: Optional[str]) -> str:

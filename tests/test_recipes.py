@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -325,6 +326,79 @@ def test_a_run_checks_access_to_its_evaluation_models_before_training(micro_worl
     assert err.strip().endswith("error: access check: 1 of 9 models and data sets failed (the FAIL lines above); "
                                 "nothing was trained")
     assert not (out / "runs").exists()
+
+
+# ----------------------------------------------------------------------------------------------
+# Preemption as the launch reports it
+
+
+def _start_and_signal(cmd: list[str], metrics: Path, sig: int, everyone: bool, env: dict | None = None):
+    """Start ``cmd`` (bash RECIPE ...), wait for two training steps, send ``sig`` to the recipe's own
+    process alone or to every process of the job (as SLURM does at preemption), and return the finished
+    process with its output."""
+    import psutil
+
+    proc = subprocess.Popen(cmd, cwd=REPO, env={**ENV, **(env or {})}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    deadline = time.monotonic() + 240
+    try:
+        while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 2):
+            assert proc.poll() is None and time.monotonic() < deadline, "the run ended or stalled before the signal"
+            time.sleep(0.05)
+        job = [psutil.Process(proc.pid)]
+        if everyone:
+            job += job[0].children(recursive=True)
+        for p in job:
+            p.send_signal(sig)
+        out, _ = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    return proc, out
+
+
+@pytest.mark.slow
+def test_a_preempted_recipe_exits_0_though_the_launcher_was_signalled(micro_world, tmp_path):
+    # Every process of the job gets SIGTERM, accelerate's launcher included, which then exits 143.
+    out = tmp_path / "out"
+    cmd = ["bash", str(RECIPES / "en-mn.sh"), "--tiny", str(micro_world), "--systems", "sft", "--seeds", "1",
+           "--steps", "60", "--out", str(out)]
+    run_dir = out / "runs" / "mbart50" / "sft" / "seed42"
+    proc, text = _start_and_signal(cmd, run_dir / "metrics.jsonl", signal.SIGTERM, everyone=True)
+    assert proc.returncode == 0, text[-3000:]
+    stopped = int(re.search(r"preempted by SIGTERM after step (\d+) of 60", text).group(1))
+    assert f"preempted: sft seed 42 stopped after step {stopped} with a checkpoint in {run_dir / 'checkpoints'}; " \
+           "exit 0 (the launcher exited 143): run the same command to resume" in text
+    assert (run_dir / "checkpoints" / f"step-{stopped:07d}").is_dir() and not (run_dir / "final").exists()
+    # The same command resumes it and finishes the recipe.
+    proc = run(cmd)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"resuming from {run_dir / 'checkpoints' / f'step-{stopped:07d}'}" in (run_dir / "train.log").read_text()
+    assert (run_dir / "eval" / "test.json").is_file()
+
+
+@pytest.mark.slow
+def test_sigusr1_to_the_recipe_reaches_both_training_processes(micro_world, tmp_path):
+    # Only the recipe's own process is signalled (a batch script's trap, `kill PID`): it passes the
+    # signal to the two workers, not to torchrun, which then ends cleanly too.
+    import socket
+
+    config = yaml.safe_load((RECIPES / "accelerate" / "multi_gpu.yaml").read_text())
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config.update(num_processes=2, use_cpu=True, main_process_port=port)
+    (tmp_path / "two_cpus.yaml").write_text(yaml.safe_dump(config))
+    out = tmp_path / "out"
+    run_dir = out / "runs" / "mbart50" / "sft" / "seed42"
+    cmd = ["bash", str(RECIPES / "en-mn.sh"), "--tiny", str(micro_world), "--systems", "sft", "--seeds", "1",
+           "--steps", "60", "--out", str(out), "--accelerate-config", str(tmp_path / "two_cpus.yaml")]
+    proc, text = _start_and_signal(cmd, run_dir / "metrics.jsonl", signal.SIGUSR1, everyone=False)
+    assert proc.returncode == 0, text[-3000:]
+    stopped = int(re.search(r"preempted by SIGUSR1 after step (\d+) of 60", text).group(1))
+    assert "exit 0 (the launcher exited 0)" in text
+    last = run_dir / "checkpoints" / f"step-{stopped:07d}"
+    assert {p.name for p in last.glob("rng-*.pt")} == {"rng-0.pt", "rng-1.pt"}
 
 
 # ----------------------------------------------------------------------------------------------
