@@ -627,10 +627,14 @@ def main(recipe: Union[Recipe, Callable], argv: Optional[list[str]] = None, prog
     return 0
 
 
-def launch_processes(config: Optional[str]) -> int:
+def launch_processes(config: Optional[str]) -> Optional[int]:
     """How many processes ``accelerate launch [--config_file CONFIG] RECIPE`` starts, as accelerate
-    itself reads it: the config's num_processes, else its default config's, else one per GPU."""
-    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    itself reads it: the config's num_processes, else its default config's, else one per GPU. None
+    where this accelerate has no such reader (a private function): the launch then checks the plan."""
+    try:
+        from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    except ImportError:
+        return None
 
     args = launch_command_parser().parse_args([*(["--config_file", config] if config else []), "recipe"])
     logging.disable(logging.WARNING)  # its notes on values it filled in are for the launch itself
@@ -670,10 +674,11 @@ def relaunch(script: str, args: list[str]) -> int:
     planned = rest
     if not any(a == "--processes" or a.startswith("--processes=") for a in rest):
         try:
-            planned = [*rest, "--processes", str(launch_processes(config))]
+            count = launch_processes(config)
         except QeebmError as err:
             print(f"error: {err}", file=sys.stderr)
             return 2
+        planned = rest if count is None else [*rest, "--processes", str(count)]
     if any(a in ("--dry-run", "--check") for a in rest):
         os.execv(py, [py, script, *planned])
     # A bad request is a one-line error and exit 2 here, not a launcher traceback around it.
