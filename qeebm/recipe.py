@@ -1,10 +1,12 @@
-"""The recipe runner: one language pair's published comparison, from a recipe file of a few lines.
+"""The recipe runner: one language pair's published comparison, from a ``Recipe`` of a few lines.
 
 A ``Recipe`` states the pair, the public corpus, the models, the systems and the seeds; the table
 of published pairs is ``qeebm/pairs.py``, run by ``recipes/recipe.sh`` (every ``recipes/<pair>.sh``
-links to it). ``main`` parses the command line into a ``Plan``
-(every run's resolved config, checked before anything slow happens) and runs it:
+links to it). ``main`` parses the command line into a ``Plan`` (every run's resolved config for
+the launch's process count, checked before anything slow happens) and runs it:
 
+0. access: every model and data set the plan touches, asked of the local cache or the hub in
+   seconds (``qeebm/preflight.py``; ``--check`` also downloads and loads each);
 1. data: the corpus is downloaded once and split as published (``qeebm/data_prep.py``) by the
    main process of each node, while the others wait for its manifest; ``--tiny DIR`` uses the tiny
    world's files;
@@ -19,8 +21,10 @@ links to it). ``main`` parses the command line into a ``Plan``
 Finished work is skipped when the same command runs again (a run with ``final/``, an existing
 report) and an interrupted run resumes from its newest checkpoint.
 
-``python -m qeebm.recipe relaunch SCRIPT ARGS`` is what a recipe's shell part calls: it re-executes
-the recipe through ``accelerate launch`` (or directly for --dry-run/--help).
+``python -m qeebm.recipe relaunch SCRIPT ARGS`` is what a recipe's shell part calls: it runs the
+recipe under ``accelerate launch`` planned for the processes that launch starts (directly for
+--dry-run, --check and --help), passes preemption signals to the training processes and exits 0
+when they stopped with a checkpoint.
 """
 
 from __future__ import annotations
