@@ -13,8 +13,10 @@ source-only pool. ``prepare`` writes that as the four files the training loop re
 
 Only data sets stored as Parquet/JSON load: ``datasets`` >= 4 no longer runs loading scripts. A
 script-based repository often still has the hub's automatic Parquet export on the branch
-``refs/convert/parquet``; ``HubCorpus.revision`` points there. Without network the first call fails
-within seconds with a message saying what to do, instead of the hub client's minutes of retries.
+``refs/convert/parquet``; ``HubCorpus.revision`` points there. Before the download the hub client
+is asked whether the corpus can be had (``qeebm/hub.py``: proxies from the environment, a limit of
+seconds), so no network, a refusing proxy or a gated set fails at once with its cause, instead of
+``datasets``' minutes of retries.
 """
 
 from __future__ import annotations
@@ -25,11 +27,9 @@ import logging
 import os
 import random
 import shutil
-import socket
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Optional
-from urllib.parse import urlparse
 
 from qeebm.config import SPLIT_FILES
 from qeebm.errors import QeebmError, first_line
@@ -141,27 +141,25 @@ def split_train(pairs: list[tuple[str, str]], cap: int, labelled: float, seed: i
 # Online parts
 
 
-def hub_reachable(timeout: float = 3.0) -> bool:
-    """False when the environment says offline or one TCP connect to the hub fails; the datasets
-    and hub clients would otherwise retry for minutes."""
-    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
-        if os.environ.get(var, "").upper() in ("1", "ON", "YES", "TRUE"):
-            return False
-    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
-    url = urlparse(endpoint)
-    try:
-        socket.create_connection((url.hostname, url.port or 443), timeout=timeout).close()
-        return True
-    except OSError:
-        return False
-
-
-def offline_error(corpus: HubCorpus, out_dir: Path) -> QeebmError:
+def offline_error(corpus: HubCorpus, out_dir: Path, why: str = "") -> QeebmError:
+    why = why or "the hub is not reachable here (HF_HUB_OFFLINE/HF_DATASETS_OFFLINE is set)"
     return QeebmError(
-        f"preparing the data downloads {corpus.describe()} from the Hugging Face hub, which is not reachable "
-        f"here (or HF_HUB_OFFLINE/HF_DATASETS_OFFLINE is set). Run the recipe once where it is (--prepare-only "
-        f"does just this step), or copy {out_dir} from a machine that did; --tiny DIR runs the recipe offline "
-        "on the tiny world instead")
+        f"preparing the data downloads {corpus.describe()} from the Hugging Face hub, but {why}. Run the "
+        f"recipe once where it is reachable (--prepare-only does just this step), or copy {out_dir} from a "
+        "machine that did; --tiny DIR runs the recipe offline on the tiny world instead")
+
+
+def check_hub(corpus: HubCorpus, out_dir: Path) -> None:
+    """Whether the corpus can be downloaded from here, asked of the hub client (seconds; it honours
+    proxies), before ``datasets`` would retry for minutes. A failure names its cause."""
+    from qeebm import hub
+
+    if hub.offline(datasets=True):
+        raise offline_error(corpus, out_dir)
+    try:
+        hub.check_access(corpus.repo, repo_type="dataset", revision=corpus.revision)
+    except QeebmError as err:
+        raise offline_error(corpus, out_dir, str(err)) from err
 
 
 def _load_split(corpus: HubCorpus, split: str, out_dir: Path):
@@ -171,11 +169,16 @@ def _load_split(corpus: HubCorpus, split: str, out_dir: Path):
         return datasets.load_dataset(corpus.repo, corpus.name, data_dir=corpus.data_dir, revision=corpus.revision,
                                      split=split)
     except Exception as err:  # noqa: BLE001 - the hub and datasets raise many types; all end here
+        from qeebm import hub
+
         first = first_line(err)
         # datasets names the splits it found; a missing dev/test split is carved out of train.
         if isinstance(err, ValueError) and "split" in first.lower() and split != corpus.splits["train"]:
             log.info("%s has no split '%s' (%s)", corpus.describe(), split, first)
             return None
+        if hub.hub_cause(err) is not None:
+            raise QeebmError(f"cannot load {corpus.describe()} split '{split}': "
+                             f"{hub.reason(err, corpus.repo, 'dataset')}") from err
         raise QeebmError(
             f"cannot load {corpus.describe()} split '{split}': {type(err).__name__}: {first}. If the hub's layout "
             f"changed, write train.tsv, mono.txt, dev.tsv, test.tsv and a manifest.json into {out_dir} yourself "
@@ -223,8 +226,7 @@ def prepare(corpus: HubCorpus, out_dir: str | Path, *, tokenizer: Optional[str],
     if is_prepared(out):
         log.info("data already prepared in %s", out)
         return out
-    if not hub_reachable():
-        raise offline_error(corpus, out)
+    check_hub(corpus, out)
     count = _token_counter(tokenizer, src_code, tgt_code) if tokenizer else None
     raw: dict[str, list[tuple[str, str]]] = {}
     for ours, theirs in corpus.splits.items():

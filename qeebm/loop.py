@@ -484,13 +484,21 @@ def load_mono(cfg, translator, need_reference: bool = False):
                          count_tgt=lambda texts: translator.num_tokens(texts, "tgt"))
 
 
+def check_batch_split(cfg, world: int, accum: int) -> None:
+    """Whether ``optim.batch_size``, the global batch of one step, splits into ``world`` processes x
+    ``accum`` micro-steps of equal micro-batches the method can train on (a one-line QeebmError if not)."""
+    o = cfg.optim
+    if accum < 1 or o.batch_size % (world * accum):
+        raise QeebmError(f"optim.batch_size={o.batch_size} must be divisible by processes x optim.grad_accum = "
+                         f"{world} x {accum}; batch_size is the global batch of one optimiser step")
+    METHODS[cfg.method].check_micro_batch(cfg, o.batch_size // (world * accum))
+
+
 def check_config(cfg, world: int) -> None:
     """What can be wrong before anything slow is loaded."""
     METHODS[cfg.method].check_config(cfg)  # an unknown name raises, naming the closest
     o = cfg.optim
-    if o.grad_accum < 1 or o.batch_size % (world * o.grad_accum):
-        raise QeebmError(f"optim.batch_size={o.batch_size} must be divisible by processes x optim.grad_accum = "
-                         f"{world} x {o.grad_accum}; batch_size is the global batch of one optimiser step")
+    check_batch_split(cfg, world, o.grad_accum)
     if cfg.eval.metric not in VAL_METRICS:
         raise QeebmError(f"eval.metric must be one of {', '.join(VAL_METRICS)}; got {cfg.eval.metric!r}")
     for key, names, allowed in (("eval.qe_metrics", cfg.eval.qe_metrics, QE_VAL_METRICS),

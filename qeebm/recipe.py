@@ -1,9 +1,12 @@
-"""The recipe runner: one language pair's published comparison, from a recipe file of a few lines.
+"""The recipe runner: one language pair's published comparison, from a ``Recipe`` of a few lines.
 
-A recipe file (``recipes/en-mn.sh``) states the pair, the public corpus, the models, the systems and
-the seeds as a ``Recipe`` and calls ``main``. ``main`` parses the command line into a ``Plan``
-(every run's resolved config, checked before anything slow happens) and runs it:
+A ``Recipe`` states the pair, the public corpus, the models, the systems and the seeds; the table
+of published pairs is ``qeebm/pairs.py``, run by ``recipes/recipe.sh`` (every ``recipes/<pair>.sh``
+links to it). ``main`` parses the command line into a ``Plan`` (every run's resolved config for
+the launch's process count, checked before anything slow happens) and runs it:
 
+0. access: every model and data set the plan touches, asked of the local cache or the hub in
+   seconds (``qeebm/preflight.py``; ``--check`` also downloads and loads each);
 1. data: the corpus is downloaded once and split as published (``qeebm/data_prep.py``) by the
    main process of each node, while the others wait for its manifest; ``--tiny DIR`` uses the tiny
    world's files;
@@ -18,17 +21,21 @@ the seeds as a ``Recipe`` and calls ``main``. ``main`` parses the command line i
 Finished work is skipped when the same command runs again (a run with ``final/``, an existing
 report) and an interrupted run resumes from its newest checkpoint.
 
-``python -m qeebm.recipe relaunch SCRIPT ARGS`` is what a recipe's shell part calls: it re-executes
-the recipe through ``accelerate launch`` (or directly for --dry-run/--help).
+``python -m qeebm.recipe relaunch SCRIPT ARGS`` is what a recipe's shell part calls: it runs the
+recipe under ``accelerate launch`` planned for the processes that launch starts (directly for
+--dry-run, --check and --help), passes preemption signals to the training processes and exits 0
+when they stopped with a checkpoint.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import logging
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -48,6 +55,8 @@ log = logging.getLogger("qeebm.recipe")
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIGS = resources.CONFIGS / "real"
+# Set by `bash RECIPE` for the launch: where a training process notes that it stopped on a signal.
+PREEMPTED_FILE = "QEEBM_PREEMPTED_FILE"
 DEFAULT_MODEL = "mbart50"
 # What --systems may name: the comparison's systems (run by default) and those run on request.
 KNOWN_SYSTEMS = tuple(dict.fromkeys(SYSTEMS + EXTRA_SYSTEMS))
@@ -181,10 +190,16 @@ def parse_args(argv: list[str], recipe: Union[Recipe, Callable], prog: str) -> a
     p.add_argument("--rerank", nargs="?", type=int, const=DEFAULT_CANDIDATES, default=0, metavar="N",
                    help="also evaluate every run with QE reranking: the best of N beam candidates (default "
                         f"{DEFAULT_CANDIDATES}) by the COMET-Kiwi, as rows SYSTEM+rerank in the comparison")
+    p.add_argument("--processes", type=int, metavar="N", help="plan for N processes (default: the launcher's, "
+                   "WORLD_SIZE; `bash RECIPE` passes the count of the launch it starts)")
     p.add_argument("--dry-run", action="store_true", help="print the plan and exit; loads no model or data")
     p.add_argument("--prepare-only", action="store_true", help="download and split the data, then stop")
-    p.add_argument("--check", action="store_true", help="check the request and exit quietly (what `bash RECIPE` "
-                                                          "does before it starts accelerate)")
+    p.add_argument("--check", action="store_true",
+                   help="check the plan for this launch's process count, then access to, download and loading of every "
+                        "model and data set it will touch (translator, corpus, COMET-Kiwi, COMET, XCOMET, judges), "
+                        "and exit: 0 when all of them load here")
+    # What `bash RECIPE` runs before it starts accelerate: the plan alone, in a second.
+    p.add_argument("--check-plan", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--accelerate-config", metavar="FILE",
                    help="with `bash RECIPE`: the accelerate config to launch with (recipes/accelerate/*.yaml)")
     return p.parse_args(argv)
@@ -198,10 +213,80 @@ def config_diff(cfg: Config, explicit: list[str] = ()) -> dict:
     return {k: v for k, v in mine.items() if base.get(k) != v or k in keys}
 
 
-def _grad_accum(cfg: Config, world: int) -> int:
-    """The YAML's accumulation on one process, spread over ``world`` processes while the global
-    batch stays as published (16 = 4 x 4 on one GPU, 2 x 2 x 4 on two, 4 x 1 x 4 on four)."""
-    return max(1, cfg.optim.grad_accum // world)
+def _split_problem(cfg: Config, world: int, accum: int) -> Optional[str]:
+    """Why the global batch does not split into ``world`` x ``accum`` micro-batches, or None."""
+    from qeebm.loop import check_batch_split
+
+    try:
+        check_batch_split(cfg, world, accum)
+    except QeebmError as err:
+        return str(err)
+    return None
+
+
+def fit_grad_accum(cfg: Config, world: int) -> Optional[int]:
+    """The accumulation that splits the config's global batch exactly over ``world`` processes, or
+    None: the fewest micro-steps whose micro-batch is no larger than the config's own on one process
+    (the memory it was sized for: 16 = 4 x 4 on one GPU, 2 x 2 x 4 on two, 4 x 1 x 4 on four), else
+    the smallest micro-batch there is."""
+    o = cfg.optim
+    fits = [a for a in range(1, o.batch_size // world + 1) if _split_problem(cfg, world, a) is None]
+    sized = [a for a in fits if o.grad_accum <= world * a]
+    return sized[0] if sized else fits[-1] if fits else None
+
+
+def split_error(runs: list[Run], world: int, fixed: set[str]) -> QeebmError:
+    """The plan cannot run on ``world`` processes: which batches do not split and why, the process
+    counts that run all of it, and the batch sizes that would run on ``world`` (one line). ``fixed``:
+    the systems whose optim.grad_accum the user set, which stays as set."""
+    def fits(cfg: Config, w: int, system: str) -> bool:
+        if system in fixed:
+            return _split_problem(cfg, w, cfg.optim.grad_accum) is None
+        return fit_grad_accum(cfg, w) is not None
+
+    def with_batch(cfg: Config, size: int) -> Config:
+        return dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, batch_size=size))
+
+    by_system = {r.system: r.cfg for r in runs}
+    failing = {name: cfg for name, cfg in by_system.items() if not fits(cfg, world, name)}
+    # The reason at the largest micro-batch there is (one micro-step), or at the accumulation set.
+    reasons: dict[str, list[str]] = {}
+    for name, cfg in failing.items():
+        reasons.setdefault(_split_problem(cfg, world, cfg.optim.grad_accum if name in fixed else 1), []).append(name)
+    top = max(cfg.optim.batch_size for cfg in by_system.values())
+    counts = [w for w in range(1, top + 1) if all(fits(cfg, w, name) for name, cfg in by_system.items())]
+    larger = {}
+    for name, cfg in failing.items():
+        size = next((b for b in range(cfg.optim.batch_size + 1, 4 * cfg.optim.batch_size + world + 1)
+                     if fits(with_batch(cfg, b), world, name)), None)
+        if size is not None:
+            larger[name] = size
+    sets = [f"--set {name}:optim.batch_size={size}" for name, size in larger.items()]
+    if len(larger) == len(by_system) > 1:
+        # Every system needs another batch: the commonest size for all, the others scoped (they win).
+        common = max(set(larger.values()), key=list(larger.values()).count)
+        sets = [f"--set optim.batch_size={common}"] + [f"--set {n}:optim.batch_size={b}" for n, b in larger.items()
+                                                        if b != common]
+    fix = (f"process counts that run every system of this plan: {', '.join(map(str, counts))} "
+           "(accelerate launch --num_processes N, or num_processes in the --accelerate-config file)"
+           if counts else "no process count runs every system of this plan as configured")
+    if sets:
+        fix += f"; or, on {world}, {' '.join(sets)} (a larger batch than configured: say so when reporting)"
+    why = "; ".join(f"{', '.join(names)}: {problem}" for problem, names in reasons.items())
+    return QeebmError(f"{world} processes cannot split the global batch of every run exactly ({why}). Fix: {fix}")
+
+
+def process_count(args: argparse.Namespace) -> int:
+    """The processes the plan is for: the launcher's (WORLD_SIZE), or --processes (what `bash RECIPE`
+    passes for the launch it is about to start)."""
+    launched = os.environ.get("WORLD_SIZE")
+    if args.processes is not None:
+        if args.processes < 1:
+            raise QeebmError(f"--processes must be at least 1; got {args.processes}")
+        if launched is not None and int(launched) != args.processes:
+            raise QeebmError(f"--processes {args.processes}, but this launch has {launched} processes")
+        return args.processes
+    return int(launched or 1)
 
 
 def resolve_recipe(recipe: Union[Recipe, Callable], args: argparse.Namespace) -> Recipe:
@@ -240,7 +325,7 @@ def build_plan(recipe: Recipe, args: argparse.Namespace) -> Plan:
     if args.rerank < 0:
         raise QeebmError(f"--rerank takes a number of candidates of at least 1; got {args.rerank}")
     out = Path(args.out or REPO / "runs" / "recipes" / recipe.name)
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    world = process_count(args)
     tiny = Path(args.tiny).resolve() if args.tiny else None
     notes = []
     if tiny is not None:
@@ -276,23 +361,26 @@ def build_plan(recipe: Recipe, args: argparse.Namespace) -> Plan:
         if sep and target not in KNOWN_SYSTEMS:
             raise QeebmError(f"--set {item}: '{target}' is not a system ({', '.join(KNOWN_SYSTEMS)})")
         scoped.setdefault(target if sep else None, []).append(item[len(target) + 1:] if sep else item)
-    runs = []
+    runs, fixed, splits = [], set(), True
     for seed in seeds:
         for system in systems:
             user = scoped.get(None, []) + scoped.get(system, [])
             path = CONFIGS / f"{system}.yaml"
             overrides = common + [f"seed={seed}", f"output.run_dir={out / 'runs' / model / system / f'seed{seed}'}"]
             cfg = load_config(path, overrides + user)
-            if not any(o.split("=", 1)[0].strip() == "optim.grad_accum" for o in user):
-                accum = _grad_accum(cfg, world)
-                if accum != cfg.optim.grad_accum:
+            if any(o.split("=", 1)[0].strip() == "optim.grad_accum" for o in user):
+                fixed.add(system)
+                ok = _split_problem(cfg, world, cfg.optim.grad_accum) is None
+            else:
+                accum = fit_grad_accum(cfg, world)
+                ok = accum is not None
+                if ok and accum != cfg.optim.grad_accum:
                     overrides.append(f"optim.grad_accum={accum}")
                     cfg = load_config(path, overrides + user)
-            o = cfg.optim
-            if o.batch_size % (world * o.grad_accum):
-                raise QeebmError(f"{system}: optim.batch_size={o.batch_size} cannot be split over {world} processes x "
-                                 f"{o.grad_accum} micro-steps; use another process count or --set {system}:optim.batch_size=...")
             runs.append(Run(system, seed, path, overrides + user, cfg))
+            splits &= ok
+    if not splits:
+        raise split_error(runs, world, fixed)
     precisions = {r.cfg.optim.mixed_precision for r in runs}
     if len(precisions) > 1:
         # accelerate keeps one mixed-precision state per process, fixed by the first run.
@@ -365,17 +453,22 @@ def _free_memory() -> None:
         torch.cuda.empty_cache()
 
 
-def prepare_data(plan: Plan, state) -> None:
+def prepare_corpus(plan: Plan) -> None:
+    """The data step: the corpus downloaded and split into ``plan.data_dir`` (once)."""
     from qeebm.data_prep import prepare
 
-    if plan.tiny is not None:
-        return
     cfg = plan.runs[0].cfg
     choice = MODELS[plan.model]
+    prepare(plan.recipe.corpus, plan.data_dir, tokenizer=choice.hub_id,
+            src_code=to_model_code(cfg.model.src_lang, choice.family),
+            tgt_code=to_model_code(cfg.model.tgt_lang, choice.family), max_tokens=cfg.data.max_tokens)
+
+
+def prepare_data(plan: Plan, state) -> None:
+    if plan.tiny is not None:
+        return
     if state.is_local_main_process:
-        prepare(plan.recipe.corpus, plan.data_dir, tokenizer=choice.hub_id,
-                src_code=to_model_code(cfg.model.src_lang, choice.family),
-                tgt_code=to_model_code(cfg.model.tgt_lang, choice.family), max_tokens=cfg.data.max_tokens)
+        prepare_corpus(plan)
         return
     # Polling the manifest instead of a barrier: a download may outlast NCCL's collective timeout,
     # and if the main process fails the launcher ends this one.
@@ -391,8 +484,13 @@ def train_runs(plan: Plan) -> None:
             log.info("[%d/%d] %s seed %d: already trained (%s/final)", i, len(plan.runs), run.system, run.seed, run.run_dir)
             continue
         log.info("[%d/%d] training %s seed %d -> %s", i, len(plan.runs), run.system, run.seed, run.run_dir)
-        if train(run.cfg).preempted:
+        result = train(run.cfg)
+        if result.preempted:
             # The loop printed how to resume: the same command skips the finished runs and resumes this one.
+            marker = os.environ.get(PREEMPTED_FILE)
+            if marker and _is_local_main_process():
+                Path(marker).write_text(f"{run.system} seed {run.seed} stopped after step {result.step} with a "
+                                        f"checkpoint in {run.run_dir / 'checkpoints'}\n", encoding="utf-8")
             raise SystemExit(0)
         _free_memory()
 
@@ -462,6 +560,12 @@ def execute(plan: Plan) -> None:
     if plan.tiny is not None:
         # Tiny models gain nothing from intra-op threads, and lose a lot on a busy shared machine.
         torch.set_num_threads(1)
+    if state.is_local_main_process:
+        # Seconds: a model or data set this plan cannot have (a licence not accepted for XCOMET, which
+        # only the evaluation reads) stops it now, not after the trainings.
+        from qeebm import preflight
+
+        preflight.access(plan)
     prepare_data(plan, state)
     if plan.prepare_only:
         return
@@ -481,6 +585,21 @@ def _is_main_process() -> bool:
     return os.environ.get("RANK", "0") == "0"
 
 
+def _is_local_main_process() -> bool:
+    return os.environ.get("LOCAL_RANK", "0") == "0"
+
+
+def format_split(plan: Plan) -> str:
+    """How each system's global batch is split over the plan's processes."""
+    parts = {}
+    for r in plan.runs:
+        o = r.cfg.optim
+        parts[r.system] = (f"{r.system} {o.batch_size} = {plan.world} x {o.grad_accum} x "
+                           f"{o.batch_size // (plan.world * o.grad_accum)}")
+    return (f"{plan.world} process(es); global batch = processes x micro-steps x micro-batch: "
+            + ", ".join(parts.values()))
+
+
 def main(recipe: Union[Recipe, Callable], argv: Optional[list[str]] = None, prog: Optional[str] = None) -> int:
     """The Python part of a recipe file: plan, then print (--dry-run) or run. Exit code 2 with a
     one-line error for anything wrong in the request."""
@@ -497,7 +616,15 @@ def main(recipe: Union[Recipe, Callable], argv: Optional[list[str]] = None, prog
             raise QeebmError("--accelerate-config is for `bash RECIPE ...`; under accelerate launch pass "
                              "--config_file to accelerate itself")
         plan = build_plan(resolve_recipe(recipe, args), args)
+        if args.check_plan:
+            return 0
         if args.check:
+            if _is_local_main_process():
+                from qeebm import preflight
+
+                print(f"check of {prog}: model {plan.model}, {len(plan.runs)} runs, {format_split(plan)}", flush=True)
+                preflight.check(plan)
+                print("check passed: every model and data set of the plan loads here", flush=True)
             return 0
         if args.dry_run:
             if _is_main_process():
@@ -510,12 +637,33 @@ def main(recipe: Union[Recipe, Callable], argv: Optional[list[str]] = None, prog
     return 0
 
 
+def launch_processes(config: Optional[str]) -> Optional[int]:
+    """How many processes ``accelerate launch [--config_file CONFIG] RECIPE`` starts, as accelerate
+    itself reads it: the config's num_processes, else its default config's, else one per GPU. None
+    where this accelerate has no such reader (a private function): the launch then checks the plan."""
+    try:
+        from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    except ImportError:
+        return None
+
+    args = launch_command_parser().parse_args([*(["--config_file", config] if config else []), "recipe"])
+    logging.disable(logging.WARNING)  # its notes on values it filled in are for the launch itself
+    try:
+        args = _validate_launch_command(args)[0]
+    except ValueError as err:
+        raise QeebmError(f"accelerate launch{' --config_file ' + config if config else ''}: {err}") from None
+    finally:
+        logging.disable(logging.NOTSET)
+    return int(args.num_processes or 1)
+
+
 def relaunch(script: str, args: list[str]) -> int:
     """``bash RECIPE ARGS``: run the recipe file through ``accelerate launch`` with this Python, the
     config from --accelerate-config (or QEEBM_ACCELERATE_CONFIG), else accelerate's own default
-    config. A dry run, --check or --help needs no launcher."""
+    config. A dry run, --check or --help needs no launcher; they plan for the process count the
+    launch would have."""
     py = sys.executable
-    if any(a in ("--dry-run", "--check", "-h", "--help") for a in args):
+    if any(a in ("-h", "--help") for a in args):
         os.execv(py, [py, script, *args])
     config = os.environ.get("QEEBM_ACCELERATE_CONFIG")
     rest = []
@@ -533,14 +681,81 @@ def relaunch(script: str, args: list[str]) -> int:
     if config and not Path(config).is_file():
         print(f"error: accelerate config file not found: {config}", file=sys.stderr)
         return 2
+    planned = rest
+    if not any(a == "--processes" or a.startswith("--processes=") for a in rest):
+        try:
+            count = launch_processes(config)
+        except QeebmError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        planned = rest if count is None else [*rest, "--processes", str(count)]
+    if any(a in ("--dry-run", "--check") for a in rest):
+        os.execv(py, [py, script, *planned])
     # A bad request is a one-line error and exit 2 here, not a launcher traceback around it.
-    checked = subprocess.run([py, script, *rest, "--check"])
+    checked = subprocess.run([py, script, *planned, "--check-plan"])
     if checked.returncode:
         return checked.returncode
     cmd = [py, "-m", "accelerate.commands.launch", *(["--config_file", config] if config else []), script, *rest]
     print("+ " + " ".join(shlex.quote(c) for c in cmd), file=sys.stderr, flush=True)
-    os.execv(py, cmd)
-    return 0  # not reached
+    return supervise(cmd, script)
+
+
+def _is_worker(cmdline: list[str], script: str) -> bool:
+    """Whether a process runs ``script`` with Python (``python [-u] SCRIPT ...``), as every launcher
+    starts the training processes; the launchers themselves run a module (``-m``)."""
+    args = cmdline[1:]
+    while args and args[0].startswith("-"):
+        if args[0] in ("-m", "-c"):
+            return False
+        args = args[1:]
+    return bool(args) and os.path.abspath(args[0]) == os.path.abspath(script)
+
+
+def supervise(cmd: list[str], script: str) -> int:
+    """Run the launcher ``cmd`` and pass the preemption signals (SIGTERM, SIGUSR1) to the training
+    processes it started, not to the launcher: a launcher that gets SIGTERM itself gives its workers
+    5 s (accelerate's single-process launcher) or 30 s (torchrun) before SIGKILL, and exits 143 though
+    they stopped cleanly. SIGINT and SIGHUP go to the launcher, which ends its workers. Exit status:
+    the launcher's, or 0 when a training process reports (through $QEEBM_PREEMPTED_FILE) that it
+    stopped on a signal with a checkpoint, whatever the launcher says: the same command resumes."""
+    import signal
+    import tempfile
+
+    import psutil
+
+    marker = Path(tempfile.mkdtemp(prefix="qeebm-launch-")) / "preempted"
+    # A session of its own: a signal to this process group (a terminal's, or `kill -- -PGID`) reaches
+    # this process alone, which passes it on as above.
+    proc = subprocess.Popen(cmd, env={**os.environ, PREEMPTED_FILE: str(marker)}, start_new_session=True)
+
+    def relay(signum, frame):
+        try:
+            if signum in (signal.SIGINT, signal.SIGHUP):
+                proc.send_signal(signum)
+                return
+            for child in psutil.Process(proc.pid).children(recursive=True):
+                try:
+                    if _is_worker(child.cmdline(), script):
+                        child.send_signal(signum)
+                except psutil.Error:
+                    pass
+        except psutil.Error:
+            pass  # the launcher has gone
+
+    handled = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, signal.SIGHUP)
+    previous = {sig: signal.signal(sig, relay) for sig in handled}
+    try:
+        code = proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    code = 128 - code if code < 0 else code  # killed by a signal: as a shell reports it
+    if marker.is_file():
+        print(f"preempted: {marker.read_text(encoding='utf-8').strip()}; exit 0 (the launcher exited {code}): "
+              "run the same command to resume", file=sys.stderr, flush=True)
+        code = 0
+    shutil.rmtree(marker.parent, ignore_errors=True)
+    return code
 
 
 def corpus_code(nllb: str, corpus_lang: Optional[str]) -> str:

@@ -55,6 +55,11 @@ def _local_dir(name: str) -> Path | None:
 
 
 def _hub_error(name: str, err: Exception) -> QeebmError:
+    from qeebm import hub
+
+    if hub.hub_cause(err) is not None:
+        # The hub answered (a gated or missing repository) or the way there failed: say which.
+        return QeebmError(f"cannot load translator '{name}': {hub.reason(err, name)}")
     detail = first_line(err)
     return QeebmError(
         f"cannot load translator '{name}': there is no local directory of that name and no model hub "

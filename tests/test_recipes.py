@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -19,11 +20,12 @@ from qeebm import data_prep
 from qeebm.config import load_config
 from qeebm.data_prep import HubCorpus, carve, iwslt2017, opus100, pairs_from_rows, split_train, ted_multi
 from qeebm.errors import QeebmError
+from qeebm.pairs import PAIRS
 from qeebm.recipe import KNOWN_SYSTEMS, METRICS, SYSTEMS, Recipe, build_plan, format_plan, main, parse_args
 
 REPO = Path(__file__).resolve().parent.parent
 RECIPES = REPO / "recipes"
-PAIRS = ["en-mn", "en-az", "en-ka", "en-mr", "en-bn", "en-de", "en-zh"]
+PAIRS_TESTED = ["en-mn", "en-az", "en-ka", "en-mr", "en-bn", "en-de", "en-zh"]
 # The same interpreter for bash's re-execution, and no hub anywhere.
 ENV = {**os.environ, "QEEBM_PYTHON": sys.executable, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
        "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
@@ -46,8 +48,7 @@ def plan_for(recipe: Recipe, *argv: str):
     return build_plan(recipe, parse_args(list(argv), recipe, "test"))
 
 
-EN_MN = Recipe(name="en-mn", tgt_lang="khk_Cyrl", corpus=ted_multi("mn"))
-EN_DE = Recipe(name="en-de", tgt_lang="deu_Latn", corpus=iwslt2017("de"), length_ratio=(1.05, 1.36))
+EN_MN, EN_DE = PAIRS["en-mn"], PAIRS["en-de"]
 
 
 @pytest.fixture
@@ -63,7 +64,7 @@ def quiet_qeebm_logger():
 # Dry runs: offline, nothing loaded, nothing written
 
 
-@pytest.mark.parametrize("pair", PAIRS + ["any-pair"])
+@pytest.mark.parametrize("pair", PAIRS_TESTED + ["any-pair"])
 def test_every_recipe_dry_run_prints_its_plan(pair, tmp_path):
     extra = ["kat_Geor"] if pair == "any-pair" else []
     out = tmp_path / "out"
@@ -80,6 +81,25 @@ def test_every_recipe_dry_run_prints_its_plan(pair, tmp_path):
     assert "--baseline sft" in text
     assert not out.exists(), "a dry run must not write anything"
     assert time.monotonic() - start < 30
+
+
+def test_one_launcher_serves_every_pair_by_its_name(tmp_path):
+    from qeebm.pairs import GENERIC
+
+    # Every recipes/<pair>.sh is the launcher under another name, and the table holds exactly those.
+    links = {p.name.removesuffix(".sh") for p in RECIPES.glob("*.sh") if p.is_symlink()}
+    assert links == set(PAIRS) | {GENERIC} and set(PAIRS) == set(PAIRS_TESTED)
+    assert all((RECIPES / f"{name}.sh").resolve() == RECIPES / "recipe.sh" for name in links)
+    assert {name: r.name for name, r in PAIRS.items()} == {name: name for name in PAIRS}
+    # Called as itself, the launcher takes the pair first: the same plan as the pair's own name.
+    by_name = run(["bash", str(RECIPES / "en-de.sh"), "--dry-run", "--out", str(tmp_path)], timeout=60)
+    by_arg = run(["bash", str(RECIPES / "recipe.sh"), "en-de", "--dry-run", "--out", str(tmp_path)], timeout=60)
+    assert by_name.returncode == by_arg.returncode == 0 and by_name.stdout == by_arg.stdout
+    assert "recipe en-de: eng_Latn -> deu_Latn" in by_name.stdout
+    proc = run(["bash", str(RECIPES / "recipe.sh"), "en-xx", "--dry-run"], timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == ("error: no recipe for the pair 'en-xx'; the pairs: en-mn, en-az, en-ka, en-mr, "
+                                   "en-bn, en-de, en-zh, any-pair")
 
 
 def test_dry_run_shows_the_pair_data_guards_and_models():
@@ -145,13 +165,50 @@ def test_several_processes_keep_the_global_batch(monkeypatch):
     plan = plan_for(EN_MN, "--seeds", "1")
     accum = {r.system: (r.cfg.optim.batch_size, r.cfg.optim.grad_accum) for r in plan.runs}
     assert accum["sft"] == (16, 2) and accum["qe-ebm-dynamic"] == (16, 2) and accum["ppo"] == (20, 1)
-    monkeypatch.setenv("WORLD_SIZE", "8")
-    with pytest.raises(QeebmError, match="ppo: optim.batch_size=20 cannot be split over 8 processes"):
-        plan_for(EN_MN)
-    plan = plan_for(EN_MN, "--seeds", "1", "--set", "ppo:optim.batch_size=24", "--set", "ppo:ppo.minibatches=6")
-    ppo = next(r for r in plan.runs if r.system == "ppo")
-    sft = next(r for r in plan.runs if r.system == "sft")
-    assert ppo.cfg.optim.batch_size == 24 and sft.cfg.optim.batch_size == 16 and sft.cfg.optim.grad_accum == 1
+    with pytest.raises(QeebmError, match="--processes 4, but this launch has 2 processes"):
+        plan_for(EN_MN, "--processes", "4")
+    monkeypatch.delenv("WORLD_SIZE")
+    # The published micro-batch (4 sources per process) is kept where the arithmetic allows it.
+    for world, micro_steps in [(1, 4), (2, 2), (4, 1), (8, 1), (16, 1)]:
+        sft = plan_for(EN_MN, "--seeds", "1", "--systems", "sft", "--processes", str(world)).runs[0].cfg.optim
+        assert (sft.batch_size, sft.grad_accum) == (16, micro_steps), world
+    # A configured micro-batch of 6 (24 = 6 x 4) on 3 processes: 2 micro-steps of 4, not 1 of 8.
+    sft = plan_for(EN_MN, "--seeds", "1", "--systems", "sft", "--processes", "3",
+                   "--set", "optim.batch_size=24").runs[0].cfg.optim
+    assert (sft.batch_size, sft.grad_accum) == (24, 2)
+
+
+@pytest.mark.parametrize("world", [3, 5, 6, 7, 8])
+def test_process_counts_that_do_not_split_are_refused_with_a_fix_that_works(world):
+    with pytest.raises(QeebmError) as err:
+        plan_for(EN_MN, "--seeds", "1", "--processes", str(world))
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith(f"{world} processes cannot split the global batch of every run exactly")
+    # 16 splits over 1, 2, 4, 8, 16 processes; PPO's rollout of 20 into 5 minibatches per process over 1, 2, 4.
+    assert "process counts that run every system of this plan: 1, 2, 4 (accelerate launch --num_processes N" in msg
+    if world == 8:
+        assert "(ppo: optim.batch_size=20 must be divisible by processes x optim.grad_accum = 8 x 1" in msg
+    if world == 5:  # 20 splits over 5, but a micro-batch of 4 cannot make 5 minibatches
+        assert "ppo: ppo.minibatches=5 partition each process's micro-batch, which would hold 4 samples" in msg
+    for ok in (1, 2, 4):
+        plan_for(EN_MN, "--seeds", "1", "--processes", str(ok))
+    # The batch sizes it proposes run on this process count.
+    fix = msg.split(f"on {world}, ")[1].split(" (a larger batch")[0].split()
+    plan = plan_for(EN_MN, "--seeds", "1", "--processes", str(world), *fix)
+    for run in plan.runs:
+        o = run.cfg.optim
+        assert o.batch_size % (world * o.grad_accum) == 0 and o.batch_size >= (20 if run.system == "ppo" else 16)
+
+
+def test_ppo_micro_batches_too_small_for_its_minibatches_stop_at_the_start(tmp_path):
+    from qeebm.loop import check_batch_split
+
+    cfg = load_config(RECIPES / "configs" / "real" / "ppo.yaml")
+    check_batch_split(cfg, 4, 1)  # 5 sources per process, 5 minibatches of 1
+    with pytest.raises(QeebmError, match="ppo.minibatches=5 partition each process's micro-batch, which would hold 4"):
+        check_batch_split(cfg, 5, 1)
+    with pytest.raises(QeebmError, match="must be divisible by processes x optim.grad_accum = 3 x 1"):
+        check_batch_split(cfg, 3, 1)
 
 
 def test_selection_options_and_mistakes():
@@ -194,6 +251,169 @@ def test_generic_recipe_rejects_unknown_and_unsupported_codes(tmp_path):
                 "--dry-run"], timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "Helsinki-NLP/opus-100 [en-ha] en->ha" in proc.stdout and "model.tgt_lang: hau_Latn" in proc.stdout
+
+
+# ----------------------------------------------------------------------------------------------
+# --check: everything the plan touches, before the first training step
+
+
+@pytest.mark.slow
+def test_check_under_accelerate_launch_loads_everything_with_the_launch_s_processes(micro_world, tmp_path):
+    import socket
+
+    accelerate = Path(sys.executable).with_name("accelerate")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = run([str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+                "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(port),
+                "recipes/en-mn.sh", "--tiny", str(micro_world), "--check", "--seeds", "1", "--out", str(tmp_path / "out")],
+               env={"ACCELERATE_USE_CPU": "true"})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = proc.stdout
+    # Planned for the launch's two processes, printed once (by the local main process).
+    assert out.count("check of recipes/en-mn.sh: model mbart50, 6 runs, 2 process(es)") == 1
+    assert "sft 16 = 2 x 2 x 4" in out and "ppo 20 = 2 x 1 x 10" in out
+    for line in (f"ok   translator {micro_world / 'mbart-base'} (trained: sft, reinforce, ppo",
+                 f"ok   files {micro_world / 'data' / 'mono.txt'} (split: mono): read, ",
+                 f"ok   qe {micro_world / 'qe' / 'kiwi'} (validation: kiwi; training reward: reinforce, ppo",
+                 f"ok   qe {micro_world / 'qe' / 'comet'} (evaluation: comet): loaded, comet, ",
+                 f"ok   qe {micro_world / 'qe' / 'judge'} (evaluation: judge): loaded, kiwi, "):
+        assert line in out, out
+    assert out.count("ok   ") == 2 * 8 and "FAIL" not in out
+    assert out.rstrip().endswith("check passed: every model and data set of the plan loads here")
+    assert not (tmp_path / "out").exists()
+
+
+def test_check_plans_for_the_process_count_of_the_launch_bash_starts(micro_world):
+    # two_nodes.yaml starts 8 processes: PPO's rollout of 20 does not split, said before anything loads.
+    start = time.monotonic()
+    proc = run(["bash", str(RECIPES / "en-mn.sh"), "--tiny", str(micro_world), "--check",
+                "--accelerate-config", str(RECIPES / "accelerate" / "two_nodes.yaml")], timeout=60)
+    assert proc.returncode == 2 and time.monotonic() - start < 30
+    err = proc.stderr.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: 8 processes cannot split the global batch of every run")
+    assert "on 8, --set ppo:optim.batch_size=40" in err[0] and proc.stdout == ""
+
+
+def test_check_fails_in_seconds_naming_every_gated_model(monkeypatch, tmp_path, capsys, quiet_qeebm_logger):
+    from hub_helpers import online_hub
+
+    from huggingface_hub import constants
+
+    gated = ("Unbabel/wmt22-cometkiwi-da", "Unbabel/XCOMET-XL")
+    open_ = ("facebook/mbart-large-50", "neulab/ted_multi", "Unbabel/wmt22-comet-da", "microsoft/infoxlm-large",
+             "xlm-roberta-large", "facebook/xlm-roberta-xl")
+    with online_hub(monkeypatch, tmp_path, gated=gated, open=open_) as proxy:
+        monkeypatch.setattr(constants, "ENDPOINT", "http://hub.invalid")
+        monkeypatch.setenv("HTTP_PROXY", proxy.url)
+        start = time.monotonic()
+        code = main(EN_MN, ["--check", "--seeds", "1", "--systems", "sft", "--out", str(tmp_path / "out")])
+        assert code == 2 and time.monotonic() - start < 30
+    out, err = capsys.readouterr()
+    lines = {line.split(" (")[0].strip(): line for line in out.splitlines() if line.startswith("  ")}
+    assert lines["ok   translator facebook/mbart-large-50"].endswith("on the hub, readable from here (0 s)")
+    assert "ok   corpus neulab/ted_multi [plain_text/, @refs/convert/parquet] en->mn" in lines
+    assert "ok   qe Unbabel/wmt22-comet-da" in lines
+    for repo in gated:
+        line = lines[f"FAIL qe {repo}"]
+        assert f"'{repo}' is gated" in line and f"http://hub.invalid/{repo}" in line and "HF_TOKEN" in line
+    assert "validation: kiwi; evaluation: kiwi" in lines["FAIL qe Unbabel/wmt22-cometkiwi-da"]
+    assert err.strip() == ("error: access check: 2 of 5 models and data sets failed (the FAIL lines above); "
+                           "nothing was trained")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_run_checks_access_to_its_evaluation_models_before_training(micro_world, tmp_path, monkeypatch, capsys,
+                                                                      quiet_qeebm_logger):
+    """An evaluation model the hub will not give (here: not cached, offline) stops the run at once."""
+    import qeebm.recipe
+    from qeebm.evaluate import MetricSpec
+
+    monkeypatch.setattr(qeebm.recipe, "metric_spec",
+                        lambda plan: MetricSpec.tinyworld(plan.tiny, xcomet="Unbabel/XCOMET-XL"))
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    out = tmp_path / "out"
+    assert main(EN_MN, ["--tiny", str(micro_world), "--seeds", "1", "--systems", "sft", "--out", str(out)]) == 2
+    printed, err = capsys.readouterr()
+    assert "FAIL qe Unbabel/XCOMET-XL (evaluation: xcomet): 'Unbabel/XCOMET-XL' is not in the local Hugging Face " \
+           "cache and offline mode is on" in err
+    assert err.strip().endswith("error: access check: 1 of 9 models and data sets failed (the FAIL lines above); "
+                                "nothing was trained")
+    assert not (out / "runs").exists()
+
+
+# ----------------------------------------------------------------------------------------------
+# Preemption as the launch reports it
+
+
+def _start_and_signal(cmd: list[str], metrics: Path, sig: int, everyone: bool, env: dict | None = None):
+    """Start ``cmd`` (bash RECIPE ...), wait for two training steps, send ``sig`` to the recipe's own
+    process alone or to every process of the job (as SLURM does at preemption), and return the finished
+    process with its output."""
+    import psutil
+
+    proc = subprocess.Popen(cmd, cwd=REPO, env={**ENV, **(env or {})}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    deadline = time.monotonic() + 240
+    try:
+        while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 2):
+            assert proc.poll() is None and time.monotonic() < deadline, "the run ended or stalled before the signal"
+            time.sleep(0.05)
+        job = [psutil.Process(proc.pid)]
+        if everyone:
+            job += job[0].children(recursive=True)
+        for p in job:
+            p.send_signal(sig)
+        out, _ = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    return proc, out
+
+
+@pytest.mark.slow
+def test_a_preempted_recipe_exits_0_though_the_launcher_was_signalled(micro_world, tmp_path):
+    # Every process of the job gets SIGTERM, accelerate's launcher included, which then exits 143.
+    out = tmp_path / "out"
+    cmd = ["bash", str(RECIPES / "en-mn.sh"), "--tiny", str(micro_world), "--systems", "sft", "--seeds", "1",
+           "--steps", "60", "--out", str(out)]
+    run_dir = out / "runs" / "mbart50" / "sft" / "seed42"
+    proc, text = _start_and_signal(cmd, run_dir / "metrics.jsonl", signal.SIGTERM, everyone=True)
+    assert proc.returncode == 0, text[-3000:]
+    stopped = int(re.search(r"preempted by SIGTERM after step (\d+) of 60", text).group(1))
+    assert f"preempted: sft seed 42 stopped after step {stopped} with a checkpoint in {run_dir / 'checkpoints'}; " \
+           "exit 0 (the launcher exited 143): run the same command to resume" in text
+    assert (run_dir / "checkpoints" / f"step-{stopped:07d}").is_dir() and not (run_dir / "final").exists()
+    # The same command resumes it and finishes the recipe.
+    proc = run(cmd)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"resuming from {run_dir / 'checkpoints' / f'step-{stopped:07d}'}" in (run_dir / "train.log").read_text()
+    assert (run_dir / "eval" / "test.json").is_file()
+
+
+@pytest.mark.slow
+def test_sigusr1_to_the_recipe_reaches_both_training_processes(micro_world, tmp_path):
+    # Only the recipe's own process is signalled (a batch script's trap, `kill PID`): it passes the
+    # signal to the two workers, not to torchrun, which then ends cleanly too.
+    import socket
+
+    config = yaml.safe_load((RECIPES / "accelerate" / "multi_gpu.yaml").read_text())
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config.update(num_processes=2, use_cpu=True, main_process_port=port)
+    (tmp_path / "two_cpus.yaml").write_text(yaml.safe_dump(config))
+    out = tmp_path / "out"
+    run_dir = out / "runs" / "mbart50" / "sft" / "seed42"
+    cmd = ["bash", str(RECIPES / "en-mn.sh"), "--tiny", str(micro_world), "--systems", "sft", "--seeds", "1",
+           "--steps", "60", "--out", str(out), "--accelerate-config", str(tmp_path / "two_cpus.yaml")]
+    proc, text = _start_and_signal(cmd, run_dir / "metrics.jsonl", signal.SIGUSR1, everyone=False)
+    assert proc.returncode == 0, text[-3000:]
+    stopped = int(re.search(r"preempted by SIGUSR1 after step (\d+) of 60", text).group(1))
+    assert "exit 0 (the launcher exited 0)" in text
+    last = run_dir / "checkpoints" / f"step-{stopped:07d}"
+    assert {p.name for p in last.glob("rng-*.pt")} == {"rng-0.pt", "rng-1.pt"}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -260,7 +480,7 @@ def test_prepare_writes_the_split_files(tmp_path, monkeypatch):
                                                            for i in range(offset, offset + n)]})
 
     splits = {"train": table(300), "validation": None, "test": table(20, offset=1000)}
-    monkeypatch.setattr(data_prep, "hub_reachable", lambda timeout=3.0: True)
+    monkeypatch.setattr(data_prep, "check_hub", lambda corpus, out: None)
     monkeypatch.setattr(data_prep, "_load_split", lambda corpus, split, out: splits[split])
     out = data_prep.prepare(opus100("mn"), tmp_path / "data", tokenizer=None, src_code="eng_Latn",
                             tgt_code="khk_Cyrl", cap=200, labelled=0.2, seed=1)
@@ -277,7 +497,7 @@ def test_prepare_writes_the_split_files(tmp_path, monkeypatch):
     assert not {line.split("\t")[0] for line in train[1:]} & {line.split("\t")[0] for line in dev[1:]}
     assert set(manifest["files"]) == {"train.tsv", "mono.txt", "mono_ref.tsv", "dev.tsv", "test.tsv"}
     # A finished directory is left alone, even offline.
-    monkeypatch.setattr(data_prep, "hub_reachable", lambda timeout=3.0: False)
+    monkeypatch.setattr(data_prep, "check_hub", lambda corpus, out: pytest.fail("the hub was asked"))
     assert data_prep.prepare(opus100("mn"), out, tokenizer=None, src_code="eng_Latn", tgt_code="khk_Cyrl") == out
 
 

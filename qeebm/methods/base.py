@@ -92,6 +92,11 @@ class Method(Protocol):
     def check_config(cls, cfg) -> None:
         """Method-specific checks of the config, before any model is loaded (a one-line QeebmError)."""
 
+    @classmethod
+    def check_micro_batch(cls, cfg, size: int) -> None:
+        """Whether one process's micro-batch of ``size`` sources (``optim.batch_size`` / (processes x
+        ``optim.grad_accum``)) is enough for the method; a one-line QeebmError if not."""
+
     def extra_parameters(self) -> list[torch.nn.Parameter]:
         """Trainable parameters of the method's own (PPO's value head), put in the loop's one
         optimiser, clipped with the model's and averaged over processes."""

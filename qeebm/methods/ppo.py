@@ -134,6 +134,15 @@ class PPO(Method):
         if c.value_warmup_steps < 0:
             raise QeebmError(f"ppo.value_warmup_steps must be >= 0; got {c.value_warmup_steps}")
 
+    @classmethod
+    def check_micro_batch(cls, cfg: Config, size: int) -> None:
+        # Step 7 partitions every micro-batch's samples into the minibatches: each needs one at least.
+        samples = size * cfg.ppo.sampling.num_samples
+        if samples < cfg.ppo.minibatches:
+            raise QeebmError(f"ppo.minibatches={cfg.ppo.minibatches} partition each process's micro-batch, which "
+                             f"would hold {samples} samples (optim.batch_size={cfg.optim.batch_size} / (processes x "
+                             f"optim.grad_accum) sources x ppo.sampling.num_samples={cfg.ppo.sampling.num_samples})")
+
     def __init__(self, cfg: Config, translator, model: torch.nn.Module):
         self.cfg, self.c = cfg, cfg.ppo
         self.translator, self.model = translator, model

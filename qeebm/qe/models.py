@@ -20,15 +20,13 @@ stale; `load_qe` therefore never trusts it and points the encoder at `<dir>/enco
 from __future__ import annotations
 
 import logging
-import os
 import shutil
-import socket
 from pathlib import Path
-from urllib.parse import urlparse
 
 import torch
 import yaml
 
+from qeebm import hub
 from qeebm.errors import QeebmError
 
 log = logging.getLogger(__name__)
@@ -74,52 +72,37 @@ def qe_kind(model) -> str:
 
 
 # ----------------------------------------------------------------------------------------- loading
-def _hub_offline() -> bool:
-    if os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE"):
-        return True
-    from huggingface_hub import constants
-
-    if constants.HF_HUB_OFFLINE:
-        return True
-    # Without network the hub client retries for minutes; one TCP connect tells us in seconds.
-    url = urlparse(constants.ENDPOINT)
-    try:
-        socket.create_connection((url.hostname, url.port or 443), timeout=3).close()
-        return False
-    except OSError:
-        return True
-
-
 def _missing_files_error(repo_id: str, encoder: str | None, why: str) -> QeebmError:
     enc = encoder or KNOWN_ENCODERS.get(repo_id, "<its pretrained_model in hparams.yaml>")
     return QeebmError(
         f"cannot load QE model '{repo_id}': {why}. Needed: {repo_id} (hparams.yaml, "
         f"checkpoints/model.ckpt) and the encoder config + tokenizer of {enc} "
         f"({', '.join(ENCODER_FILES)}; no weights). Fetch them where the hub is reachable (gated "
-        "models need an accepted license and `huggingface-cli login`) into the HF cache, or pass a "
+        "models need an accepted license and `hf auth login`) into the HF cache, or pass a "
         "local directory in comet's format (hparams.yaml + checkpoints/model.ckpt [+ encoder/])")
 
 
-def _snapshot(repo_id: str, offline: bool, allow_patterns=None) -> Path | None:
+def _cached_or_downloaded(repo_id: str, required: str, allow_patterns=None) -> Path | None:
+    """The repo's snapshot holding ``required``: from the local cache, else from the hub; None when
+    it is not cached and offline mode is on. What keeps the hub from providing it is raised as a
+    QeebmError with its cause (a gated model's names the licence page and the login)."""
     from huggingface_hub import snapshot_download
 
-    try:
-        return Path(snapshot_download(repo_id, local_files_only=offline, allow_patterns=allow_patterns))
-    except Exception as err:  # noqa: BLE001 - hub errors have many types; all mean "not available"
-        log.debug("snapshot_download(%s) failed: %s", repo_id, err)
-        return None
-
-
-def _cached_or_downloaded(repo_id: str, required: str, allow_patterns=None) -> tuple[Path | None, bool]:
-    """(the repo's snapshot from the local cache, else from the hub; whether the hub is
-    unreachable). The reachability probe can take seconds, so a cache that has `required` skips it."""
-    snap = _snapshot(repo_id, offline=True, allow_patterns=allow_patterns)
+    snap = hub.cached(repo_id, allow_patterns=allow_patterns)
     if snap is not None and (snap / required).is_file():
-        return snap, False
-    offline = _hub_offline()
-    if snap is None and not offline:
-        snap = _snapshot(repo_id, offline=False, allow_patterns=allow_patterns)
-    return snap, offline
+        return snap
+    if hub.offline():
+        return None
+    # Seconds through the hub client (proxies, token, endpoint from the environment), then the download.
+    hub.check_access(repo_id)
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=allow_patterns))
+    except Exception as err:  # noqa: BLE001 - hub.reason names each type the client raises
+        raise QeebmError(hub.reason(err, repo_id)) from err
+
+
+def _hub_failure(repo_id: str, err: QeebmError) -> QeebmError:
+    return QeebmError(f"cannot load QE model '{repo_id}': {err}")
 
 
 def resolve_checkpoint(name_or_path: str) -> Path:
@@ -135,11 +118,15 @@ def resolve_checkpoint(name_or_path: str) -> Path:
         raise QeebmError(f"QE model '{name_or_path}' is neither a local path nor a hub id (org/name)")
     # What comet.download_model does for hub-hosted models (all the supported ones), without its
     # fallback to legacy download URLs, which would hang offline, and without importing comet.
-    snap, offline = _cached_or_downloaded(name_or_path, CHECKPOINT)
-    if snap is None or not (snap / CHECKPOINT).is_file():
-        why = "it is not in the local Hugging Face cache and the hub is unreachable" if offline else \
-            "the hub did not provide it"
-        raise _missing_files_error(name_or_path, None, why)
+    try:
+        snap = _cached_or_downloaded(name_or_path, str(CHECKPOINT))
+    except QeebmError as err:
+        raise _hub_failure(name_or_path, err) from err
+    if snap is None:
+        raise _missing_files_error(name_or_path, None, "it is not in the local Hugging Face cache and the hub is "
+                                   "unreachable: offline mode is on (HF_HUB_OFFLINE)")
+    if not (snap / CHECKPOINT).is_file():
+        raise _missing_files_error(name_or_path, None, f"the hub's copy has no {CHECKPOINT}")
     return snap / CHECKPOINT
 
 
@@ -157,10 +144,13 @@ def _resolve_encoder(model_dir: Path, hparams: dict, encoder_dir: str | None, re
     if not name or Path(name).is_absolute():
         raise QeebmError(f"the encoder of {model_dir} ({name or 'no pretrained_model'}) is missing: "
                          f"put its config.json and tokenizer files in {model_dir / ENCODER_SUBDIR}")
-    snap, _ = _cached_or_downloaded(name, "config.json", allow_patterns=["*.json", "*.model", "*.txt"])
+    try:
+        snap = _cached_or_downloaded(name, "config.json", allow_patterns=["*.json", "*.model", "*.txt"])
+    except QeebmError as err:
+        raise _hub_failure(repo_id, QeebmError(f"its encoder: {err}")) from err
     if snap is None or not (snap / "config.json").is_file():
         raise _missing_files_error(repo_id, name, f"the config/tokenizer of its encoder {name} is not "
-                                   "available (not cached, hub unreachable)")
+                                   "available (not cached, offline mode is on)")
     return str(snap)
 
 
