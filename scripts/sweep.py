@@ -5,9 +5,9 @@
 Every setting is trained under the demo's protocol (``qeebm/demo.py``: ``budget`` and
 ``run_overrides``; seed 42), continuing from the same SFT plateau (``--plateau``, trained first when
 absent): four learning rates for SFT continued, which has nothing else to tune; for every other
-system SFT's best learning rate times each of ``--lr-factors`` (default 0.5 and 1: an added loss
-term can want a smaller step; PPO also those divided by its 8 optimiser updates per step), crossed
-with two values of the system's own knob: the energy's weight rho for QE-EBM (relative weighting),
+system SFT's best learning rate (times each of ``--lr-factors``, default 1 alone; PPO also divided
+by its 8 optimiser updates per step) with three values of the system's own knob (PPO: two, at each
+of its two learning rates): the energy's weight rho for QE-EBM (relative weighting),
 the policy-gradient weight for REINFORCE, the KL target for PPO, the pseudo-target weight for
 QE finetuning, DPO's and CPO's beta. A system trained against the oracle gets the grid of its
 method trained against the Kiwi. A setting's score is
@@ -43,20 +43,18 @@ from qeebm.runlog import best_validation
 
 # Continuing from the plateau, where SFT's own run ended at a learning rate decayed to 0.
 SFT_LRS = (5e-4, 1e-3, 2e-3, 4e-3)
-# Every other method: SFT's best learning rate and half of it (an added loss term can want a smaller
-# step), crossed with two values of its own knob.
+# Every other system: SFT's best learning rate with three values of its own knob.
 KNOBS = {
-    # rho 1 was tried first: with or without guards, QE-EBM static's samples grew to 6-8 times the
-    # source's length and dev chrF++ fell to 1-6 by step 100 (docs/results.md), so a lower weight took
-    # its place, for both variants.
-    "qe-ebm-static": ("qe_ebm.rho", (0.3, 0.1), "rho"),
-    "qe-ebm-dynamic": ("qe_ebm.rho", (0.3, 0.1), "rho"),
-    "reinforce": ("reinforce.pg_weight", (0.3, 1.0), "pg_weight"),
+    # From SFT's plateau: rho from a tenth of the CE's gradient to as much (from the base, rho 1 made
+    # QE-EBM static's samples 6-8 times the source's length within 100 steps; docs/results.md).
+    "qe-ebm-static": ("qe_ebm.rho", (0.1, 0.3, 1.0), "rho"),
+    "qe-ebm-dynamic": ("qe_ebm.rho", (0.1, 0.3, 1.0), "rho"),
+    "reinforce": ("reinforce.pg_weight", (0.3, 1.0, 3.0), "pg_weight"),
     "ppo": ("ppo.kl_target", (1.0, 4.0), "KL target"),
-    "qe-finetune": ("qe_finetune.distill_weight", (0.5, 1.0), "distill_weight"),
-    "dpo": ("preference.beta", (0.1, 0.5), "beta"),
+    "qe-finetune": ("qe_finetune.distill_weight", (0.5, 1.0, 2.0), "distill_weight"),
+    "dpo": ("preference.beta", (0.1, 0.3, 1.0), "beta"),
     # CPO's margins are raw sequence log-prob differences (tens of nats): its loss saturates sooner.
-    "cpo": ("preference.beta", (0.1, 0.03), "beta"),
+    "cpo": ("preference.beta", (0.03, 0.1, 0.3), "beta"),
 }
 # The positive control gets its method's grid.
 KNOBS |= {"qe-ebm-oracle": KNOBS["qe-ebm-static"], "reinforce-oracle": KNOBS["reinforce"],
@@ -103,7 +101,7 @@ def main(argv=None) -> int:
     p.add_argument("--plateau", help="SFT's plateau run to continue from (default OUT/plateau, trained if absent)")
     p.add_argument("--metric", default="chrf", choices=["kiwi", "chrf"], help="what picks the winner (default %(default)s)")
     p.add_argument("--base", default="nllb", choices=["nllb", "mbart"])
-    p.add_argument("--lr-factors", default="0.5,1",
+    p.add_argument("--lr-factors", default="1",
                    help="the other methods' learning rates, as multiples of SFT's best (default %(default)s)")
     p.add_argument("--test", action="store_true", help="then evaluate the base and the winners on the test set, once")
     args = p.parse_args(argv)

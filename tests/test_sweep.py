@@ -19,11 +19,14 @@ def test_sft_tries_its_learning_rates_and_nothing_else():
 @pytest.mark.parametrize("name", [n for n in sweep.KNOBS if n != "ppo"])
 def test_every_other_method_gets_the_same_budget_at_sfts_learning_rates(name):
     knob, values, _ = sweep.KNOBS[name]
-    settings = sweep.grid(name, 8e-3, (0.5, 1.0))
-    assert len(settings) == 4 == len(sweep.grid("sft", 0.0))
-    assert [o for _, o in settings] == [[f"optim.lr={lr}", f"{knob}={v:g}"] for lr in ("0.004", "0.008") for v in values]
-    # --lr-factors 1: SFT's learning rate alone, each knob value once.
-    assert [o[0] for _, o in sweep.grid(name, 8e-3, (1.0,))] == ["optim.lr=0.008"] * len(values)
+    # The default: SFT's learning rate, each of three knob values once; PPO's four trials are its two
+    # knob values at two learning rates.
+    settings = sweep.grid(name, 8e-3, (1.0,))
+    assert len(settings) == 3 and len(sweep.grid("ppo", 8e-3, (1.0,))) == 4
+    assert [o for _, o in settings] == [["optim.lr=0.008", f"{knob}={v:g}"] for v in values]
+    # --lr-factors 0.5,1: each knob value at both rates.
+    assert [o for _, o in sweep.grid(name, 8e-3, (0.5, 1.0))] == \
+        [[f"optim.lr={lr}", f"{knob}={v:g}"] for lr in ("0.004", "0.008") for v in values]
 
 
 def test_ppo_also_gets_those_rates_per_optimiser_update():
