@@ -58,7 +58,7 @@ KNOBS = {
 }
 # The positive control gets its method's grid.
 KNOBS |= {"qe-ebm-oracle": KNOBS["qe-ebm-static"], "reinforce-oracle": KNOBS["reinforce"],
-          "reinforce-chrf": KNOBS["reinforce"]}
+          "reinforce-chrf": KNOBS["reinforce"], "dpo-oracle": KNOBS["dpo"]}
 
 
 # PPO makes epochs x minibatches optimiser updates per step (2 x 4 in the demo) where every other

@@ -50,6 +50,7 @@ def test_every_system_but_sft_has_a_knob():
 def test_the_positive_control_gets_its_methods_grid():
     assert sweep.KNOBS["qe-ebm-oracle"] == sweep.KNOBS["qe-ebm-static"]
     assert sweep.KNOBS["reinforce-oracle"] == sweep.KNOBS["reinforce-chrf"] == sweep.KNOBS["reinforce"]
+    assert sweep.KNOBS["dpo-oracle"] == sweep.KNOBS["dpo"]
 
 
 @pytest.mark.parametrize("name", [n for n in sweep.KNOBS])
