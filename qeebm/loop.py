@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 from qeebm import checkpoint as ckpt
 from qeebm.backends import (
     APPLIED,
+    EXTRA_GRADIENT_PASSES,
     NONFINITE,
     OVERFLOW,
     PreparedModel,
@@ -248,8 +249,9 @@ def train_step(step, cfg, accelerator, translator, model, method, optimizer, sch
     extra = method.extra_parameters()
     # With clipping off, an infinite threshold still measures the norm and scales by exactly 1.
     max_norm = cfg.optim.max_grad_norm if cfg.optim.max_grad_norm > 0 else math.inf
-    # Gradient diagnostics on the logged steps, from the first micro-batch of the first update.
-    diagnose = cfg.logging.diagnostics and step % cfg.logging.every == 0
+    # Gradient diagnostics on the logged steps, from the first micro-batch of the first update; not
+    # under DeepSpeed, which takes their extra gradient passes for backward passes (backends.py).
+    diagnose = cfg.logging.diagnostics and step % cfg.logging.every == 0 and deepspeed_engine(accelerator) is None
     updates: dict[str, float] = {"loss": 0.0}
     values: dict[str, float] = {}  # the step's own numbers (StepOutput.values), from its first micro-batch
     grad_norm = 0.0
