@@ -102,7 +102,12 @@ def test_plan_follows_the_published_setup():
         assert cfg.model.name_or_path == "facebook/mbart-large-50" and cfg.model.lora.enabled
         o = cfg.optim
         assert (o.lr, o.betas, o.eps, o.weight_decay, o.max_grad_norm) == (3e-4, (0.9, 0.98), 1e-6, 1e-5, 0.5)
-        assert o.mixed_precision == "fp16" and cfg.eval.every == 100
+        assert o.mixed_precision == "fp16" and cfg.eval.patience == 10
+        # the reference's budget: epochs of the labelled pairs, validation every 100 of its loader's batches
+        if system == "ppo":  # batches of 4 sentences: 400 sentences, 20 rollouts of 20
+            assert (o.max_epochs, o.min_epochs, o.max_steps, cfg.eval.every) == (5, 1, 0, 20)
+        else:
+            assert (o.max_epochs, o.min_epochs, o.max_steps, cfg.eval.every) == (10, 2, 0, 100)
         assert (cfg.generation.num_beams, cfg.generation.max_new_tokens) == (5, 50)
         assert cfg.data.max_tokens == 50
         if system != "sft":
