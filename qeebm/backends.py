@@ -33,24 +33,36 @@ UNSHARDED_WEIGHTS = ("the translator's weights must stay whole on every process:
                      "generate() at each step, which on sharded weights would need all processes to decode in lockstep")
 
 
+# DeepSpeed (0.18 and later) hooks every autograd pass through the engine's parameters, a
+# torch.autograd.grad too, and runs its gradient reduction at the end of each: an extra pass that
+# measures a term's gradient breaks the step (0.19.8 fails with an IndexError in reduce_ipg_grads).
+EXTRA_GRADIENT_PASSES = ("measuring each loss term's gradient takes extra autograd passes, which DeepSpeed treats as "
+                         "backward passes of its own and reduces mid-step")
+
+
 def _env_flag(name: str) -> bool:
     return os.environ.get(name, "").lower() == "true"
 
 
-def check_backend_request() -> None:
-    """Refuse, before anything is loaded, a backend that shards the weights (accelerate launch's env)."""
+def check_backend_request(cfg=None) -> None:
+    """Refuse, before anything is loaded, a backend that shards the weights (accelerate launch's env),
+    and with a run's ``cfg``, what that run cannot do under the backend."""
     if _env_flag("ACCELERATE_USE_FSDP"):
         raise QeebmError(f"FSDP is not supported: {UNSHARDED_WEIGHTS}; use DeepSpeed ZeRO-2 "
                          "(recipes/accelerate/deepspeed_zero2.yaml: gradients and optimiser state sharded) or DDP")
     if _env_flag("ACCELERATE_USE_DEEPSPEED") and os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE", "2") == "3":
         raise QeebmError(f"DeepSpeed ZeRO-3 is not supported: {UNSHARDED_WEIGHTS}; use ZeRO-2 "
                          "(recipes/accelerate/deepspeed_zero2.yaml)")
+    if (cfg is not None and _env_flag("ACCELERATE_USE_DEEPSPEED") and cfg.method == "qe-ebm"
+            and cfg.qe_ebm.weighting == "relative"):
+        raise QeebmError(f"qe_ebm.weighting=relative is not supported under DeepSpeed: {EXTRA_GRADIENT_PASSES}; "
+                         "use qe_ebm.weighting=absolute, or DDP")
 
 
 def make_accelerator(cfg, run_dir) -> Accelerator:
     """The run's Accelerator: its mixed precision, its trackers (``logging.report_to``, TensorBoard
     under ``<run_dir>/tb``) and, under DeepSpeed without a GPU, the gloo process group."""
-    check_backend_request()
+    check_backend_request(cfg)
     deepspeed = _env_flag("ACCELERATE_USE_DEEPSPEED")
     gpu = torch.cuda.is_available()
     kwargs = {}

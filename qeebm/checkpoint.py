@@ -52,7 +52,8 @@ log = logging.getLogger(__name__)
 STATE = "state.json"
 STEP_DIR = re.compile(r"^step-(\d+)$")
 # Config keys that may change between a run and its resume: they do not change the weights.
-RESUMABLE_CHANGES = ("logging.", "output.", "optim.max_steps", "optim.max_nonfinite_steps", "eval.every", "eval.patience",
+RESUMABLE_CHANGES = ("logging.", "output.", "optim.max_steps", "optim.max_epochs", "optim.min_epochs",
+                     "optim.max_nonfinite_steps", "eval.every", "eval.patience", "eval.bleu_tokenize",
                      "model.gradient_checkpointing", "qe.gradient_checkpointing")
 
 

@@ -252,6 +252,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a held-out QE, scored under NAME (default 'judge'); repeatable")
     for name in ("comet", "kiwi", "xcomet", "judge"):
         g.add_argument(f"--{name}-batch-size", type=int, metavar="N", help="default 16")
+    g.add_argument("--bleu-tokenize", metavar="TOK", help="sacrebleu's BLEU tokenizer (13a, intl, char, zh, ja-mecab, "
+                   "ko-mecab, ...); default: sacrebleu's for the target language (--tgt-lang, else the run's): zh for "
+                   "Chinese, ja-mecab for Japanese, ko-mecab for Korean, 13a otherwise")
     g.add_argument("--qe-precision", choices=["fp16", "fp32"], default="fp16",
                    help="COMET-family models in half precision as comet-score (default), or fp32")
     g.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available)")

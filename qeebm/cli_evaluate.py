@@ -23,13 +23,14 @@ from qeebm.evaluate import (
     read_hypotheses,
     run_config,
     run_model_dir,
+    run_metric_spec,
     run_of_model,
     selection_split,
     selection_system,
     system_name,
     translate_test,
 )
-from qeebm.report import SACREBLEU_METRICS
+from qeebm.report import SACREBLEU_METRICS, bleu_tokenizer
 
 
 def _parse_judges(items: Sequence[str]) -> dict[str, str]:
@@ -77,6 +78,7 @@ def metric_spec_from_args(args) -> MetricSpec:
             spec.batch_sizes[name] = size
     spec.precision = args.qe_precision
     spec.device = args.device
+    spec.bleu_tokenize = args.bleu_tokenize
     return spec
 
 
@@ -107,6 +109,10 @@ def evaluate_main(args) -> dict:
     config = run_config(run) if run is not None else None
     if args.run and config is None:
         raise QeebmError(f"{run} has no config.yaml: is it a qeebm run directory?")
+    spec = run_metric_spec(config, spec)
+    model_cfg = (config or {}).get("model") or {}
+    # BLEU's tokenizer follows the target language; hypotheses with neither --tgt-lang nor a run have none (13a).
+    tgt_lang = args.tgt_lang or model_cfg.get("tgt_lang") or (None if args.hyps else "khk_Cyrl")
 
     if args.test:
         test_cfg = CorpusConfig(path=args.test)
@@ -123,6 +129,8 @@ def evaluate_main(args) -> dict:
         trained_on = None if args.trained_on in ("none", "") else args.trained_on
     check_trained_on(trained_on, spec)
     check_qe_models(spec, names)  # before decoding: a missing model should cost seconds, not a decode
+    if "bleu" in names:
+        bleu_tokenizer(tgt_lang, spec.bleu_tokenize)  # likewise a missing tokenizer package
     check_selection_model(selection)
 
     decoding: dict = {}
@@ -137,11 +145,9 @@ def evaluate_main(args) -> dict:
                              f"{len(test.src)} segments: the counts must match")
         decoding = {"hyps": str(args.hyps)}
     else:
-        model_cfg = (config or {}).get("model") or {}
         hyps, decoding, decode_s, record = translate_test(
-            model, args.src_lang or model_cfg.get("src_lang", "eng_Latn"),
-            args.tgt_lang or model_cfg.get("tgt_lang", "khk_Cyrl"), test.src, generation_from_args(args), spec.device,
-            selection)
+            model, args.src_lang or model_cfg.get("src_lang", "eng_Latn"), tgt_lang, test.src,
+            generation_from_args(args), spec.device, selection)
         translated = True
 
     if args.system:
@@ -160,7 +166,7 @@ def evaluate_main(args) -> dict:
     report = evaluate_system(hyps, test, spec, system=system, seed=seed,
                              config_id=make_config_id(config) if config is not None else None,
                              model=model, decoding=decoding, trained_on=trained_on, heldout=heldout,
-                             data_path=test_cfg.path, selection=record)
+                             data_path=test_cfg.path, selection=record, tgt_lang=tgt_lang)
     if translated:
         report["seconds"] = {"decode": round(decode_s, 3), **report["seconds"]}
 

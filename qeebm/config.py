@@ -114,8 +114,14 @@ class DataConfig:
 
 @dataclass
 class OptimConfig:
-    """Optimiser and schedule. ``batch_size`` is global: examples per optimiser step over all
-    processes and accumulation micro-steps (must divide exactly)."""
+    """Optimiser, schedule and budget. ``batch_size`` is global: examples per optimiser step over all
+    processes and accumulation micro-steps (must divide exactly).
+
+    The budget: a run stops after ``max_steps`` optimiser steps or ``max_epochs`` epochs of the
+    labelled pairs (those left after the length filter; an epoch is their count / ``batch_size``
+    steps, rounded up at the end), whichever comes first; 0 turns that bound off, and one of them
+    must be on. The schedule's end (linear, cosine) is that number of steps. Early stopping
+    (``eval.patience``) never ends a run before ``min_epochs`` epochs."""
 
     lr: float = 3e-4
     betas: tuple[float, float] = (0.9, 0.98)
@@ -124,6 +130,8 @@ class OptimConfig:
     scheduler: str = "linear"  # linear | cosine | constant
     warmup_steps: int = 100
     max_steps: int = 1000
+    max_epochs: float = 0.0
+    min_epochs: float = 0.0
     batch_size: int = 16
     grad_accum: int = 1
     max_grad_norm: float = 0.5  # 0 disables clipping
@@ -179,7 +187,10 @@ class EvalConfig:
     checkpoint in ``best-<metric>/`` (``loss`` is minimised, every other metric maximised). Metrics
     that ``metric`` or ``also_best`` name are computed whether or not ``qe_metrics`` lists them."""
 
-    every: int = 100  # steps; 0 disables periodic validation
+    # Steps between validations; 0 disables periodic validation. With an epoch budget
+    # (optim.max_epochs) at most one epoch's steps, as the published trainer validates every
+    # min(100, batches per epoch) batches.
+    every: int = 100
     max_examples: int = 0  # 0 = whole dev set
     metric: str = "chrf"  # bleu | chrf | loss | kiwi | judge
     mode: str = "max"  # max | min
@@ -191,6 +202,9 @@ class EvalConfig:
     # Also validate before the first step (a fresh run only): the starting model's scores begin the
     # curves, and a run that never beats its start selects the start itself.
     at_start: bool = False
+    # sacrebleu's BLEU tokenizer for validation (and a run's evaluation); "" = sacrebleu's default for
+    # model.tgt_lang: zh for Chinese, ja-mecab for Japanese, ko-mecab for Korean, 13a otherwise.
+    bleu_tokenize: str = ""
 
 
 @dataclass

@@ -21,6 +21,7 @@ seconds), so no network, a refusing proxy or a gated set fails at once with its 
 
 from __future__ import annotations
 
+import functools
 import html
 import json
 import logging
@@ -29,7 +30,7 @@ import random
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 from qeebm.config import SPLIT_FILES
 from qeebm.errors import QeebmError, first_line
@@ -48,7 +49,9 @@ class HubCorpus:
     (``{"language": [...], "translation": [...]}``); ``src_key``/``tgt_key`` are the language keys in
     it. ``name`` is a config name, ``data_dir`` a folder of the repository (the configs of a Parquet
     export are folders), ``revision`` a branch. ``splits`` maps our split names to the data set's;
-    a split the data set lacks is carved out of its training pairs."""
+    a split the data set lacks is carved out of its training pairs. ``detokenize``: the text is
+    stored Moses-tokenized (``It 's``) and each side goes through the Moses detokenizer of its
+    language, as fairseq's ML50 builder prepares the TED talks."""
 
     repo: str
     src_key: str
@@ -58,6 +61,7 @@ class HubCorpus:
     data_dir: Optional[str] = None
     revision: Optional[str] = None
     splits: dict = field(default_factory=lambda: {"train": "train", "dev": "validation", "test": "test"})
+    detokenize: bool = False
 
     def describe(self) -> str:
         where = ", ".join(x for x in (self.name, self.data_dir and f"{self.data_dir}/", self.revision and f"@{self.revision}") if x)
@@ -67,13 +71,16 @@ class HubCorpus:
 def ted_multi(lang: str) -> HubCorpus:
     """The TED talks corpus of Qi et al. (2018), where ML50's en-{az,bn,ka,mn,mr} pairs come from.
     neulab/ted_multi is script-based; its Parquet export holds one row per talk sentence with every
-    language it was translated into."""
+    language it was translated into, Moses-tokenized: ML50 detokenizes it, and so do we."""
     return HubCorpus("neulab/ted_multi", src_key="en", tgt_key=lang, column="translations",
-                     data_dir="plain_text", revision=PARQUET_EXPORT)
+                     data_dir="plain_text", revision=PARQUET_EXPORT, detokenize=True)
 
 
 def iwslt2017(lang: str) -> HubCorpus:
-    """IWSLT 2017 TED (train; dev2010 as validation; tst2017 as test), script-based, via its Parquet export."""
+    """IWSLT 2017 TED, script-based, via its Parquet export: train; validation = dev2010; test = the
+    loading script's test split, tst2010 to tst2015 concatenated (the sets in the 2017 training
+    release of the en-de and en-zh pairs), not the campaign's tst2017, which was released apart
+    (sacrebleu's ``iwslt17``). Stored as plain text: nothing to detokenize."""
     return HubCorpus("IWSLT/iwslt2017", src_key="en", tgt_key=lang, data_dir=f"iwslt2017-en-{lang}", revision=PARQUET_EXPORT)
 
 
@@ -87,16 +94,32 @@ def opus100(lang: str) -> HubCorpus:
 # Pure parts (tested offline)
 
 
-def clean(text: Any) -> str:
+def clean(text: Any, detokenize: Optional[Callable[[list[str]], str]] = None) -> str:
     """One line of text: HTML entities (TED stores ``&apos;``, ``&quot;``) decoded, whitespace runs
-    (tabs, line breaks) collapsed, so the TSV files stay well-formed. Anything else is left as stored."""
+    (tabs, line breaks) collapsed, so the TSV files stay well-formed; with ``detokenize``
+    (``moses_detokenizer``), its tokens joined back into plain text. Anything else is left as stored."""
     if not isinstance(text, str):
         return ""
-    return " ".join(html.unescape(text).split())
+    tokens = html.unescape(text).split()
+    return " ".join(detokenize(tokens).split()) if detokenize is not None and tokens else " ".join(tokens)
+
+
+@functools.lru_cache(maxsize=None)
+def moses_detokenizer(lang: str) -> Callable[[list[str]], str]:
+    """The Moses detokenizer for ``lang`` (sacremoses' port of detokenizer.perl), called on a line's
+    tokens as fairseq's ML50 builder calls ``detokenizer.perl -l`` on TED text: with the language's
+    first two letters. Entities are decoded before (``clean``), so it is told not to unescape again."""
+    from sacremoses import MosesDetokenizer
+
+    detok = MosesDetokenizer(lang=lang[:2])
+    return lambda tokens: detok.detokenize(tokens, return_str=True, unescape=False)
 
 
 def pairs_from_rows(rows: Iterable[Any], corpus: HubCorpus) -> list[tuple[str, str]]:
-    """(src, tgt) from the data set's ``column`` values; rows lacking a side are dropped."""
+    """(src, tgt) from the data set's ``column`` values (detokenized where ``corpus.detokenize``);
+    rows lacking a side are dropped."""
+    src_detok = moses_detokenizer(corpus.src_key) if corpus.detokenize else None
+    tgt_detok = moses_detokenizer(corpus.tgt_key) if corpus.detokenize else None
     out = []
     for cell in rows:
         if not isinstance(cell, dict):
@@ -105,7 +128,7 @@ def pairs_from_rows(rows: Iterable[Any], corpus: HubCorpus) -> list[tuple[str, s
             by_lang = dict(zip(cell["language"] or [], cell["translation"] or []))
         else:
             by_lang = cell
-        src, tgt = clean(by_lang.get(corpus.src_key)), clean(by_lang.get(corpus.tgt_key))
+        src, tgt = clean(by_lang.get(corpus.src_key), src_detok), clean(by_lang.get(corpus.tgt_key), tgt_detok)
         # TED marks a sentence missing in one language with __NULL__ instead of leaving it out.
         if src and tgt and "__NULL__" not in src and "__NULL__" not in tgt:
             out.append((src, tgt))
@@ -213,6 +236,23 @@ def is_prepared(out_dir: str | Path) -> bool:
     return (Path(out_dir) / MANIFEST).is_file()
 
 
+def check_prepared_text(out: Path, corpus: HubCorpus) -> None:
+    """Refuse a directory prepared from the same corpus with the other text form (tokenized TED, as
+    written before the Moses detokenization): training on it would silently change what the runs
+    and their references are. A manifest of hand-made files (another source) is left alone."""
+    try:
+        saved = json.loads((out / MANIFEST).read_text(encoding="utf-8")).get("corpus")
+    except (OSError, ValueError, AttributeError):
+        return
+    if not isinstance(saved, dict) or saved.get("repo") != corpus.repo:
+        return
+    if bool(saved.get("detokenize", False)) != corpus.detokenize:
+        form = {True: "detokenized", False: "Moses-tokenized"}
+        raise QeebmError(f"{out} holds {form[bool(saved.get('detokenize', False))]} {corpus.repo} text, but this "
+                         f"version prepares it {form[corpus.detokenize]} (as ML50 does): move {out} away (and start the "
+                         "runs trained on it in another --out) to prepare it again")
+
+
 def prepare(corpus: HubCorpus, out_dir: str | Path, *, tokenizer: Optional[str], src_code: str, tgt_code: str,
             cap: int = 200_000, labelled: float = 0.2, max_tokens: int = 50, seed: int = 1,
             held_out: int = 2000) -> Path:
@@ -224,6 +264,7 @@ def prepare(corpus: HubCorpus, out_dir: str | Path, *, tokenizer: Optional[str],
 
     out = Path(out_dir)
     if is_prepared(out):
+        check_prepared_text(out, corpus)
         log.info("data already prepared in %s", out)
         return out
     check_hub(corpus, out)

@@ -60,7 +60,9 @@ class MetricSpec:
     and every judge. ``comet`` / ``kiwi`` / ``xcomet``: a hub id or a local comet directory (None: no
     such metric). ``judges``: name -> model, for quality estimators the system never saw in
     training. ``batch_sizes``: by metric name ("judge" covers every judge without its own entry).
-    ``precision``: "fp16" as comet-score, or "fp32". ``device``: None takes CUDA when present."""
+    ``precision``: "fp16" as comet-score, or "fp32". ``device``: None takes CUDA when present.
+    ``bleu_tokenize``: sacrebleu's BLEU tokenizer; None takes sacrebleu's default for the target
+    language (qeebm.report.bleu_tokenizer: zh, ja-mecab, ko-mecab, else 13a)."""
 
     metrics: Optional[Sequence[str]] = None
     comet: Optional[str] = DEFAULT_QE_MODELS["comet"]
@@ -70,6 +72,7 @@ class MetricSpec:
     batch_sizes: dict = field(default_factory=dict)
     precision: str = "fp16"
     device: Optional[str] = None
+    bleu_tokenize: Optional[str] = None
 
     @classmethod
     def tinyworld(cls, world: Union[str, Path], **overrides) -> "MetricSpec":
@@ -300,6 +303,7 @@ def evaluate_system(
     heldout: Union[Sequence[str], str] = "auto",
     data_path: Optional[str] = None,
     selection: Union["Selection", dict, None] = None,
+    tgt_lang: Optional[str] = None,
 ) -> dict:
     """Score one system on a test set; returns its validated report (qeebm/report.py format).
 
@@ -310,8 +314,12 @@ def evaluate_system(
     against, or None; ``heldout``: "auto" is every neural metric computed except ``trained_on`` and
     the one the selection maximised. ``selection``: a ``qeebm.qad.Selection`` the translator's
     candidates go through, or (with hypotheses) the record of the selection that chose them
-    (``qad.selection_report``). ``model``, ``decoding`` and ``data_path`` are provenance only."""
+    (``qad.selection_report``). ``tgt_lang``: the target language (NLLB or mBART-50 code), whose
+    sacrebleu default chooses BLEU's tokenizer unless ``metrics.bleu_tokenize`` does; default: the
+    translator's, and with hypotheses none (sacrebleu's 13a). ``model``, ``decoding`` and
+    ``data_path`` are provenance only."""
     from qeebm.qad import Selection, check_selection_model, decode_and_select
+    from qeebm.report import bleu_tokenizer
 
     spec = metrics or MetricSpec()
     names = spec.selected()
@@ -319,6 +327,12 @@ def evaluate_system(
     check_trained_on(trained_on, spec)
     src, ref, path = read_test(test)
     check_qe_models(spec, names)
+    if tgt_lang is None and not isinstance(hyps_or_translator, (list, tuple)):
+        tgt_lang = hyps_or_translator.tgt_code
+    signatures: dict[str, str] = {}
+    if "bleu" in names:
+        # before decoding: a tokenizer whose packages are missing should cost seconds, not a decode
+        signatures["bleu"] = f"tok:{bleu_tokenizer(tgt_lang, spec.bleu_tokenize)}"
     seconds: dict[str, float] = {}
     if isinstance(hyps_or_translator, (list, tuple)):
         if isinstance(selection, Selection):
@@ -340,7 +354,7 @@ def evaluate_system(
     selected_on = infer_selected_on(selection, spec)
 
     neural = [n for n in names if n in models]
-    scores, signatures = {}, {}
+    scores = {}
     for name in neural:
         start = time.perf_counter()
         scores[name], signatures[name] = qe_scores(models[name], src, hyps, ref, batch_size=spec.batch_size(name),
@@ -484,6 +498,17 @@ def infer_trained_on(config: Optional[dict], spec: MetricSpec) -> Optional[str]:
     return "kiwi"
 
 
+def run_metric_spec(config: Optional[dict], spec: MetricSpec) -> MetricSpec:
+    """``spec`` with the run's ``eval.bleu_tokenize`` (the tokenizer its validation BLEU used) where
+    ``spec`` chooses none, so a run's test BLEU is tokenized as its validation BLEU was."""
+    import dataclasses
+
+    chosen = ((config or {}).get("eval") or {}).get("bleu_tokenize")
+    if spec.bleu_tokenize is None and chosen:
+        return dataclasses.replace(spec, bleu_tokenize=chosen)
+    return spec
+
+
 def translate_test(model: str, src_lang: str, tgt_lang: str, src: list[str], gen: GenerationConfig,
                     device: Optional[str], selection=None) -> tuple[list[str], dict, float, Optional[dict]]:
     """(hypotheses, decoding provenance, seconds, the selection's record or None) of a saved
@@ -527,12 +552,13 @@ def evaluate_run(run_dir: Union[str, Path], test=None, metrics: Optional[MetricS
     trained_on come from the run's config.yaml unless given. Returns (report, path)."""
     from qeebm.data import Corpus
     from qeebm.qad import check_selection_model
+    from qeebm.report import bleu_tokenizer
     from qeebm.report import config_id as make_config_id
 
-    spec = metrics or MetricSpec()
     config = run_config(run_dir)
     if config is None:
         raise QeebmError(f"{run_dir} has no config.yaml: is it a qeebm run directory?")
+    spec = run_metric_spec(config, metrics or MetricSpec())
     model_dir = run_model_dir(run_dir, checkpoint)
     if test is None:
         test = CorpusConfig(**((config.get("data") or {}).get("test") or {}))
@@ -542,13 +568,16 @@ def evaluate_run(run_dir: Union[str, Path], test=None, metrics: Optional[MetricS
     check_qe_models(spec, spec.selected())
     check_selection_model(selection)
     model_cfg = config.get("model") or {}
+    tgt_lang = model_cfg.get("tgt_lang", "khk_Cyrl")
+    if "bleu" in spec.selected():
+        bleu_tokenizer(tgt_lang, spec.bleu_tokenize)  # a missing tokenizer package fails before decoding
     hyps, decoding, decode_s, record = translate_test(
-        str(model_dir), model_cfg.get("src_lang", "eng_Latn"), model_cfg.get("tgt_lang", "khk_Cyrl"), src,
+        str(model_dir), model_cfg.get("src_lang", "eng_Latn"), tgt_lang, src,
         generation or GenerationConfig(), spec.device, selection)
     report = evaluate_system(
         hyps, Corpus(src, ref, origin=[""] * len(src), name="test"), spec,
         system=system or selection_system(system_name(config), selection), seed=config.get("seed"),
         config_id=make_config_id(config), model=str(model_dir), decoding=decoding, trained_on=trained_on,
-        heldout=heldout, data_path=path, selection=record)
+        heldout=heldout, data_path=path, selection=record, tgt_lang=tgt_lang)
     report["seconds"] = {"decode": round(decode_s, 3), **report["seconds"]}
     return report, write_eval(report, run_dir, selection_split(split, selection))

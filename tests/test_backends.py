@@ -42,6 +42,17 @@ def test_weight_sharding_backends_are_refused_before_loading(base, tmp_path, mon
     assert not (tmp_path / "run").exists()
 
 
+def test_relative_weighting_is_refused_under_deepspeed_before_loading(base, tmp_path, monkeypatch):
+    # Its per-term gradients are extra autograd passes, which DeepSpeed reduces as backward passes.
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    cfg = make_config(base, tmp_path / "run", "model.name_or_path=/nonexistent", "method=qe-ebm",
+                      "qe_ebm.weighting=relative")
+    with pytest.raises(QeebmError, match="qe_ebm.weighting=relative is not supported under DeepSpeed") as err:
+        train(cfg)
+    assert "weighting=absolute" in str(err.value) and "\n" not in str(err.value)
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.skipif(not HAS_DEEPSPEED, reason="deepspeed is not installed (pip install deepspeed)")
 def test_deepspeed_config_takes_the_runs_batch_and_clipping(base, tmp_path, monkeypatch, fresh_accelerate_state):
     # The shipped config's values, as `accelerate launch --config_file deepspeed_zero2.yaml` exports them.
@@ -127,6 +138,9 @@ def test_deepspeed_runs_the_methods_with_their_own_parameters_as_ddp_does(base, 
            "deepspeed": launch_two(base, tmp_path / "ds", *args, backend="deepspeed")})
     curve = {name: [r["loss"] for r in read_metrics(tmp_path / name)] for name in ("ddp", "ds")}
     assert len(curve["ddp"]) == 2 and curve["ds"] == pytest.approx(curve["ddp"], rel=1e-4)
+    # No gradient diagnostics under DeepSpeed: their extra autograd passes would be reduced as backward passes.
+    diag = {name: {k for r in read_metrics(tmp_path / name) for k in r if k.startswith("diag/")} for name in ("ddp", "ds")}
+    assert not diag["ds"] and (diag["ddp"] or method != "ppo")
 
     def own(name, step):
         state = ckpt.load_file(ckpt.step_dir(tmp_path / name / "checkpoints", step) / "method.pt")

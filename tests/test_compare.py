@@ -526,3 +526,21 @@ def test_cli_exits_2_with_one_line_on_mismatched_inputs(tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "compare.py"), str(tmp_path / "nowhere")],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and proc.stderr == f"error: {tmp_path / 'nowhere'}: no such report file or run directory\n"
+
+
+def test_a_table_never_mixes_bleu_tokenizations():
+    # Chinese text: each report recomputes BLEU from its segments with the options in its signature;
+    # reports tokenized differently are refused, and one tokenization applies to every row.
+    refs = ["我们今天去公园跑步。", "猫坐在席子上。", "他昨天买了一本新书。"]
+    hyps = ["我们今天去公园散步。", "猫坐在垫子上。", "他昨天买了一本书。"]
+    zh = build_report(system="zh", seed=1, config_id="a", hyp=hyps, ref=refs, data_sha256="s",
+                      signatures={"bleu": "tok:zh"}, sacrebleu=["bleu"])
+    plain = build_report(system="13a", seed=1, config_id="b", hyp=refs, ref=refs, data_sha256="s", sacrebleu=["bleu"])
+    with pytest.raises(QeebmError, match=r"computed BLEU with different options \(.*tok:13a.* vs .*tok:zh"):
+        compare(entries(zh, plain), baseline="zh", metrics=["bleu"], sacrebleu_test=False)
+    result = compare(entries(zh, build_report(system="ref", seed=1, config_id="c", hyp=refs, ref=refs, data_sha256="s",
+                                              signatures={"bleu": "tok:zh"}, sacrebleu=["bleu"])),
+                     baseline="zh", metrics=["bleu"], resamples=20, sacrebleu_test=False)
+    assert "|tok:zh|" in result.sacrebleu_signatures["bleu"]
+    assert result.cells["zh"]["bleu"].score == pytest.approx(zh["corpus"]["bleu"]) and zh["corpus"]["bleu"] > 0
+    assert result.cells["ref"]["bleu"].score == pytest.approx(100.0)

