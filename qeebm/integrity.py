@@ -38,6 +38,10 @@ class Damaged(QeebmError):
         super().__init__(f"{path}: damaged: {cause}")
         self.path, self.cause = Path(path), cause
 
+    def __reduce__(self):
+        # Raised in a worker process, it travels back pickled: rebuilt from its own arguments.
+        return type(self), (self.path, self.cause)
+
 
 def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()

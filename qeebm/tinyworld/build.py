@@ -91,7 +91,7 @@ class WorldSize:
     qe_fit: dict  # train_qe overrides for the three QEs
     weaker_kiwis: dict  # name -> share of kiwi's rows: the QE-strength study's weaker estimators
     # The top-range stage (toprange.py): converged systems on the first ``pairs`` QE-split pairs (their
-    # plateau run's ``checkpoints``, learning rate ``lr``), QE-EBM and REINFORCE from its end against the
+    # plateau run's ``checkpoints``, evenly spaced, at learning rate ``lr``), QE-EBM and REINFORCE from its end against the
     # first Kiwi (``hacked_steps`` at ``hacked_lr``, each with its knob's overrides), their outputs'
     # ``share`` and ``k`` as ``judged_*``, for ``families``; ``fit``: train_qe settings of the continued QEs.
     # None: no such stage.
@@ -119,7 +119,7 @@ SIZES = {
         heldout_k=5,
         qe_fit={},
         weaker_kiwis={"kiwi-weak": 0.05, "kiwi-medium": 0.2},
-        top_range=dict(families=("nllb",), pairs=2000, checkpoints=(500, 1000, 2000, 4000, 6000), lr=8e-3,
+        top_range=dict(families=("nllb",), pairs=2000, checkpoints=(4000, 4500, 5000, 5500, 6000), lr=8e-3,
                        hacked_steps=300, hacked_lr=2e-3, qe_ebm=["qe_ebm.rho=0.3"], reinforce=["reinforce.pg_weight=1.0"],
                        share=0.3, k=3, fit={"epochs": 2, "lr": 3e-4}),
     ),

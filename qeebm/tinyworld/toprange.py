@@ -7,8 +7,8 @@ from quality by construction. A real CometKiwi learns from human judgements of s
 This stage gives the tiny world's QEs that range (``build``, after the first QEs):
 
 1. **converged systems**, per translator family: the base fine-tuned on the first ``pairs`` pairs of
-   the QE split (sentences the task never sees) to its plateau, with checkpoints along the way
-   (``checkpoints``);
+   the QE split (sentences the task never sees) to its plateau, with checkpoints over its last third
+   (``checkpoints``, evenly spaced; the first judged systems cover the range below);
 2. **QE-trained systems** started from that plateau against the first Kiwi (QE-EBM static and
    REINFORCE, ``hacked_steps`` each, sampling the rest of the QE split's sources): they show the QE
    the outputs an optimiser finds when it follows it;
@@ -60,11 +60,15 @@ def top_range_systems(world: Path, family: str, seed: int, spec, kiwi: Path) -> 
     pairs, pool = runs / f"{family}-top-sft.tsv", runs / f"{family}-top-pool.txt"
     write_tsv(pairs, qe.src[:n], qe.tgt[:n])
     write_lines(pool, qe.src[n:])
-    steps = top["checkpoints"][-1]
+    marks = top["checkpoints"]
+    steps = marks[-1]
+    # Saved every `every` steps, the last `keep` saves kept: exactly the checkpoints listed.
+    every = min((b - a for a, b in zip(marks, marks[1:])), default=steps)
+    keep = (steps - marks[0]) // every + 1
     plateau = runs / f"{family}-top-sft"
     cfg = translator_config(world, seed, spec, world / f"{family}-base", plateau, train=pairs,
                             dev=world / "data" / "pretrain_dev.tsv", steps=steps, lr=top["lr"],
-                            warmup=max(steps // 60, 1), save_every=top["checkpoints"][0], keep_last=len(top["checkpoints"]))
+                            warmup=max(steps // 60, 1), save_every=every, keep_last=keep)
     cfg.eval.every = 0  # the plateau is the schedule's end: nothing is selected on the QE split's own pairs
     cfg.optim.batch_size = 16
     if not (plateau / "final").is_dir():
