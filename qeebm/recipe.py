@@ -180,6 +180,9 @@ def parse_args(argv: list[str], recipe: Union[Recipe, Callable], prog: str) -> a
     p.add_argument("--prepare-only", action="store_true", help="download and split the data, then stop")
     p.add_argument("--check", action="store_true", help="check the request and exit quietly (what `bash RECIPE` "
                                                           "does before it starts accelerate)")
+    p.add_argument("--qe-check", action="store_true", help="check the request, then run `qeebm qe-check` "
+                   "(docs/qe-check.md) on the translator, the COMET-Kiwi it is trained against and the dev set "
+                   "(prepared first) -> OUT/qe-check/MODEL/; run it before a real run")
     p.add_argument("--accelerate-config", metavar="FILE",
                    help="with `bash RECIPE`: the accelerate config to launch with (recipes/accelerate/*.yaml)")
     return p.parse_args(argv)
@@ -447,6 +450,26 @@ def compare_runs(plan: Plan) -> str:
     return text
 
 
+def qe_check(plan: Plan) -> Path:
+    """``qeebm qe-check`` of the plan's translator, the QE its QE-trained systems optimise (with their
+    guard settings) and its dev set, measured against the evaluation's reference-based COMET too;
+    the data is prepared first, as the real run would. Returns the report directory."""
+    import torch
+    from accelerate import PartialState
+
+    from qeebm.qe.check import run
+
+    prepare_data(plan, PartialState(cpu=not torch.cuda.is_available()))
+    cfg = next((r.cfg for r in plan.runs if r.system != "sft"), plan.runs[0].cfg)
+    out = plan.out / "qe-check" / plan.model
+    result = run(cfg.qe.path, cfg.model.name_or_path, cfg.data.dev.path, out, src_lang=cfg.model.src_lang,
+                 tgt_lang=cfg.model.tgt_lang, comet=plan.metrics["comet"], max_new_tokens=cfg.generation.max_new_tokens,
+                 guards=cfg.guards)
+    sys.stdout.write((out / "qe_check.md").read_text(encoding="utf-8"))
+    print(f"qe-check report: {out}/qe_check.md (verdict: {result['verdict']['level']})")
+    return out
+
+
 def execute(plan: Plan) -> None:
     import torch
     from accelerate import PartialState
@@ -491,6 +514,10 @@ def main(recipe: Union[Recipe, Callable], argv: Optional[list[str]] = None, prog
             raise QeebmError("--accelerate-config is for `bash RECIPE ...`; under accelerate launch pass "
                              "--config_file to accelerate itself")
         plan = build_plan(resolve_recipe(recipe, args), args)
+        if args.qe_check:
+            if _is_main_process():
+                qe_check(plan)
+            return 0
         if args.check:
             return 0
         if args.dry_run:
@@ -507,9 +534,9 @@ def main(recipe: Union[Recipe, Callable], argv: Optional[list[str]] = None, prog
 def relaunch(script: str, args: list[str]) -> int:
     """``bash RECIPE ARGS``: run the recipe file through ``accelerate launch`` with this Python, the
     config from --accelerate-config (or QEEBM_ACCELERATE_CONFIG), else accelerate's own default
-    config. A dry run, --check or --help needs no launcher."""
+    config. A dry run, --check, --qe-check or --help needs no launcher."""
     py = sys.executable
-    if any(a in ("--dry-run", "--check", "-h", "--help") for a in args):
+    if any(a in ("--dry-run", "--check", "--qe-check", "-h", "--help") for a in args):
         os.execv(py, [py, script, *args])
     config = os.environ.get("QEEBM_ACCELERATE_CONFIG")
     rest = []
