@@ -143,14 +143,23 @@ def plot_qe_check(result: dict, out_dir: Path) -> list[Path]:
 
     probe = result.get("probe")
     if probe:
-        fig = _figure(10.0, 3.6)
-        curve = probe["curve"]
-        x = [r["samples"] / 1000 for r in curve]
-        for i, (key, label) in enumerate((("qe", "QE (dev, greedy)"), ("chrf", "chrF++ (dev, greedy)")), 1):
-            ax = fig.add_subplot(1, 2, i)
-            ax.plot(x, [r[key] for r in curve], marker="o")
+        fig = _figure(14.0, 3.6)
+        per_sample = 1000 / (probe["sources_per_step"] * probe["samples_per_source"])
+        steps = [r["step"] / per_sample for r in probe["per_step"]]
+        dev = [r["samples"] / 1000 for r in probe["curve"]]
+        ax = fig.add_subplot(1, 3, 1)
+        ax.plot(steps, [r["samples_qe"] for r in probe["per_step"]], lw=0.8, label="the samples' (each step)")
+        ax.plot(dev, [r["qe"] for r in probe["curve"]], marker="o", label="dev, greedy")
+        ax.set_title("QE score")
+        ax.legend(fontsize="small")
+        ax = fig.add_subplot(1, 3, 2)
+        ax.plot(dev, [r["chrf"] for r in probe["curve"]], marker="o")
+        ax.set_title("chrF++ (dev, greedy)")
+        ax = fig.add_subplot(1, 3, 3)
+        ax.plot(steps, [r["sample_length_ratio"] for r in probe["per_step"]])
+        ax.set_title("the samples' length / source's")
+        for ax in fig.axes:
             ax.set_xlabel("samples drawn (thousands)")
-            ax.set_title(label)
             ax.grid(alpha=0.3)
         path = out_dir / "probe.png"
         fig.savefig(path, dpi=110)

@@ -12,12 +12,15 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from qeebm.errors import QeebmError
 
 # Model directories a run writes; the probe needs only its log.
 _MODEL_DIRS = ("best", "final", "checkpoints")
+# Steps in the running mean of the samples' QE score: each step draws other sources.
+SMOOTHING = 5
 
 
 def qe_only_overrides(method: str, k: int) -> list[str]:
@@ -86,11 +89,11 @@ def probe_overrides(qe: str, translator: str, dev: str, src_lang: str, tgt_lang:
 
 
 def hackability_probe(qe: str, translator: str, dev: str, src_lang: str, tgt_lang: str, run_dir: str | Path, *,
-                      steps: int, sources: int, batch: int = 16, k: int = 5, lr: float = 3e-4, validations: int = 4,
+                      steps: int, sources: int, batch: int = 16, k: int = 5, lr: float = 3e-4, validations: int = 8,
                       dev_examples: int = 100, seed: int = 42, device=None) -> dict:
     """A short energy-only QE-EBM run (``probe_overrides``) against ``qe``, a CometKiwi, in
-    ``run_dir`` (replaced if it exists; its weights are removed afterwards): how far the QE's dev score rises, how far dev chrF++ falls
-    and how the samples' length moves, in total and per 1,000 samples drawn."""
+    ``run_dir`` (replaced if it exists; its weights are removed afterwards): how far the QE score of
+    the samples rises, how far dev chrF++ falls and how long the samples get (``summarise``)."""
     from qeebm.config import load_config
     from qeebm.loop import train
     from qeebm.runlog import read_metrics
@@ -110,22 +113,53 @@ def hackability_probe(qe: str, translator: str, dev: str, src_lang: str, tgt_lan
     records = read_metrics(run_dir)
     for name in _MODEL_DIRS:
         shutil.rmtree(run_dir / name, ignore_errors=True)
-    per_step = batch * k
-    curve = [{"step": 0, "samples": 0, "qe": start["kiwi"], "chrf": start["chrf"], "bleu": start["bleu"]}]
-    curve += [{"step": r["step"], "samples": r["step"] * per_step, "qe": r["val/kiwi"], "chrf": r["val/chrf"],
-               "bleu": r["val/bleu"]} for r in records if "val/kiwi" in r]
-    lengths = [(r["step"], r["qe-ebm/len_ratio"]) for r in records if "qe-ebm/len_ratio" in r]
-    end, best = curve[-1], max(curve[1:], key=lambda r: r["qe"]) if len(curve) > 1 else curve[0]
-    drawn = steps * per_step
-    length_start, length_end = (lengths[0][1], lengths[-1][1]) if lengths else (float("nan"), float("nan"))
-    return {
+    return summarise(records, start, steps=steps, per_step=batch * k) | {
         "steps": steps, "sources": sources, "sources_per_step": batch, "samples_per_source": k, "lr": lr,
-        "samples_drawn": drawn, "dev_sentences": min(dev_examples, sources), "run_dir": str(run_dir),
-        "start": curve[0], "end": end, "best_qe": best, "curve": curve,
-        # the samples' characters over their source's, logged at every step (the first before any update)
-        "sample_length_ratio": {"start": length_start, "end": length_end,
-                                "max": max((v for _, v in lengths), default=float("nan"))},
-        "per_1000_samples": {"qe": 1000 * (end["qe"] - start["kiwi"]) / drawn,
-                             "chrf": 1000 * (end["chrf"] - start["chrf"]) / drawn,
-                             "sample_length_ratio": 1000 * (length_end - length_start) / drawn},
+        "samples_drawn": steps * batch * k, "dev_sentences": min(dev_examples, sources), "run_dir": str(run_dir)}
+
+
+def summarise(records: list[dict], start: dict, *, steps: int, per_step: int, window: int = SMOOTHING) -> dict:
+    """The probe's numbers from its log (``records``) and its start metrics (``start_metrics``).
+
+    ``samples_qe``: the QE score of the samples the optimiser draws (its objective, logged at every
+    step; step 1's samples come from the starting model), as running means over ``window`` steps
+    (the sources change from step to step): the first, the peak and its last step, the last.
+    ``sample_length_ratio``: the samples' characters over their source's at step 1, its maximum
+    and its step, at the end. ``curve``: dev greedy QE, chrF++ and BLEU at step 0 and each
+    validation, with the samples' length at that step; ``per_step``: the samples' QE score and length
+    at every step. ``per_1000_samples``: the changes over the
+    first validation interval per 1,000 samples (later the QE saturates or collapses and a rate
+    says little). ``qe_rise``, ``chrf_fall``: the samples' QE peak over its start, and dev chrF++'s
+    start over its lowest validation."""
+    nan = float("nan")
+    by_step = {r["step"]: r for r in records if "qe-ebm/sample_score" in r}
+    score = np.array([by_step[t]["qe-ebm/sample_score"] for t in sorted(by_step)])
+    length = np.array([by_step[t]["qe-ebm/len_ratio"] for t in sorted(by_step)])
+    if not len(score):
+        raise QeebmError("the probe's log has no sample scores (qe-ebm/sample_score)")
+    w = min(window, len(score))
+    smooth = np.convolve(score, np.ones(w) / w, mode="valid")
+    peak = int(np.argmax(smooth))
+    curve = [{"step": 0, "samples": 0, "qe": start["kiwi"], "chrf": start["chrf"], "bleu": start["bleu"],
+              "sample_length_ratio": float(length[0])}]
+    curve += [{"step": r["step"], "samples": r["step"] * per_step, "qe": r["val/kiwi"], "chrf": r["val/chrf"],
+               "bleu": r["val/bleu"],
+               "sample_length_ratio": by_step[r["step"]]["qe-ebm/len_ratio"] if r["step"] in by_step else nan}
+              for r in records if "val/kiwi" in r]
+    first = curve[1] if len(curve) > 1 else curve[0]
+    per_1000 = 1000 / first["samples"] if first["samples"] else nan
+    return {
+        "samples_qe": {"start": float(smooth[0]), "peak": float(smooth[peak]), "peak_step": peak + w,
+                       "end": float(smooth[-1]), "window": w},
+        "sample_length_ratio": {"start": float(length[0]), "max": float(length.max()),
+                                "max_step": int(np.argmax(length)) + 1, "end": float(length[-1])},
+        "curve": curve,
+        "per_step": [{"step": t, "samples_qe": by_step[t]["qe-ebm/sample_score"],
+                      "sample_length_ratio": by_step[t]["qe-ebm/len_ratio"]} for t in sorted(by_step)],
+        "per_1000_samples": {"dev_qe": (first["qe"] - curve[0]["qe"]) * per_1000,
+                             "dev_chrf": (first["chrf"] - curve[0]["chrf"]) * per_1000,
+                             "sample_length_ratio": (first["sample_length_ratio"] - curve[0]["sample_length_ratio"])
+                             * per_1000},
+        "qe_rise": float(smooth[peak] - smooth[0]),
+        "chrf_fall": curve[0]["chrf"] - min(r["chrf"] for r in curve),
     }

@@ -217,10 +217,27 @@ def test_guard_coverage_and_the_verdict_name_what_is_open():
                         (float("nan"), "unknown")):
         m["ranking"]["chrf"].update(within_source_spearman=rank, within_source_spearman_se=0.001)
         assert qc.verdict(m)["level"] == level
-    probe = {"start": {"qe": 0.2, "chrf": 30.0}, "best_qe": {"qe": 0.5, "chrf": 10.0}, "samples_drawn": 80}
-    assert qc.verdict(m, probe)["hackable"] is True
-    probe["best_qe"]["chrf"] = 30.5
-    assert qc.verdict(m, probe)["hackable"] is False
+    probe = {"samples_drawn": 80, "sample_length_ratio": {"start": 1.0, "max": 4.0}}
+    for rise, fall, hackable in ((0.03, 20.0, True), (0.03, qc.PROBE_CHRF_DROP / 2, False), (-0.01, 20.0, None)):
+        assert qc.verdict(m, probe | {"qe_rise": rise, "chrf_fall": fall})["hackable"] is hackable
+
+
+def test_the_probe_summary_of_a_hand_made_log():
+    from qeebm.probe import summarise
+
+    scores, lengths = [0.2, 0.1, 0.3, 0.5, 0.4, 0.9, 0.1], [1.0, 1.0, 2.0, 4.0, 3.0, 2.0, 1.5]
+    records = [{"step": t, "qe-ebm/sample_score": q, "qe-ebm/len_ratio": n} for t, (q, n) in enumerate(zip(scores, lengths), 1)]
+    records.insert(3, {"step": 3, "val/kiwi": 0.25, "val/chrf": 20.0, "val/bleu": 5.0})
+    records.append({"step": 7, "val/kiwi": 0.3, "val/chrf": 24.0, "val/bleu": 6.0})
+    out = summarise(records, {"kiwi": 0.2, "chrf": 30.0, "bleu": 9.0}, steps=7, per_step=10, window=3)
+    # running means over 3 steps: 0.2, 0.3, 0.4, 0.6, 0.467; the peak ends at step 6
+    assert out["samples_qe"] == pytest.approx({"start": 0.2, "peak": 0.6, "peak_step": 6, "end": 1.4 / 3, "window": 3})
+    assert out["qe_rise"] == pytest.approx(0.4) and out["chrf_fall"] == 10
+    assert out["sample_length_ratio"] == {"start": 1.0, "max": 4.0, "max_step": 4, "end": 1.5}
+    assert [r["step"] for r in out["curve"]] == [0, 3, 7] and out["curve"][1]["sample_length_ratio"] == 2.0
+    # over the first validation interval: 30 samples
+    assert out["per_1000_samples"] == pytest.approx({"dev_qe": 0.05 / 0.03, "dev_chrf": -10 / 0.03,
+                                                     "sample_length_ratio": 1 / 0.03})
 
 
 def test_qe_only_overrides_turn_off_everything_but_the_qe():
@@ -269,7 +286,7 @@ def test_report_on_mbart_with_a_probe(micro_world, tmp_path, capsys):
     assert set(m["blind_spots"]) == set(DEGRADATIONS)
     p = result["probe"]
     assert p["samples_drawn"] == 2 * 4 * 2 and [r["step"] for r in p["curve"]] == [0, 1, 2]
-    assert p["per_1000_samples"]["qe"] == pytest.approx(1000 * (p["end"]["qe"] - p["start"]["qe"]) / 16)
+    assert [r["step"] for r in p["per_step"]] == [1, 2] and p["samples_qe"]["window"] == 2
     # only the probe's log is kept, not its weights
     assert (out / "probe" / "metrics.jsonl").is_file() and not (out / "probe" / "final").exists()
     for name in ("reliability.png", "blind_spots.png", "probe.png"):

@@ -382,19 +382,19 @@ def measure(c: Candidates, qe: Scores, targets: dict[str, Scores], guards: Optio
 
 # Mean within-source Spearman with chrF++, K = 8, the tiny world's 300 dev sentences, three sampling
 # seeds: the weak, medium and strong tiny Kiwis measure 0.15, 0.16 and 0.23 (+-0.02), the judge 0.19,
-# the reference-based COMET 0.48. Trained against, none of the Kiwis beat SFT on BLEU or chrF++ (the
-# weak one cost QE-EBM 1.6 BLEU), while all raised the QE metrics and the held-out judge; no run has
-# trained against a QE above 0.30, and none below the weak Kiwi.
+# the reference-based COMET 0.48. Trained against, none of the Kiwis made QE-EBM or REINFORCE beat SFT
+# on BLEU or chrF++ (the weak one cost QE-EBM 1.6 BLEU), while every run raised the held-out judge; no
+# run has trained against a QE above 0.30, and none below the weak Kiwi.
 RANKING_WEAK = 0.10
 RANKING_MEASURED = 0.30
 # A kind of degradation the QE fails to rank below the reference in at least this share of pairs
-# needs its guard: the strong tiny Kiwi fails 10-13% of over-long references and energy-only
-# training found length within 50 steps; it fails 0.3% of off-target ones and no run went off-target.
+# needs its guard: the one rate measured to be found by an optimiser is the strong tiny Kiwi's 10-13%
+# of over-long references (energy-only training found length within 50 steps); this leaves a margin.
 BLIND_SPOT_FAILURES = 0.05
-# A guard that flags fewer of a needed kind's pairs than this leaves the blind spot open.
+# A guard that flags fewer of a needed kind's pairs than this leaves the blind spot open (a convention).
 GUARD_CATCHES = 0.9
-# The probe flags the QE as hackable when, at its best dev score, dev chrF++ has fallen this many
-# points below the start (energy-only runs on the strong tiny Kiwi: 29 -> 1 within 40 steps).
+# The probe flags the QE as hackable when its samples' score rose while dev chrF++ fell this many
+# points below the start (a convention: energy-only runs on the strong tiny Kiwi fell 26-29 points).
 PROBE_CHRF_DROP = 1.0
 RANKING_TARGET = "chrf"  # the verdict's quality: the one every pair has
 
@@ -426,8 +426,7 @@ def verdict(m: dict, probe: Optional[dict] = None) -> dict:
         elif rank < RANKING_MEASURED:
             level = "limited"
             findings.append(f"{said}, in the range of the tiny world's Kiwis ({RANKING_WEAK}-{RANKING_MEASURED}): "
-                            "trained against, they raised the QE metrics and the held-out judge but never BLEU or "
-                            "chrF++ over SFT")
+                            "trained against, they raised the held-out judge but never BLEU or chrF++ over SFT")
         else:
             level = "strong"
             findings.append(f"{said}, at least {RANKING_MEASURED}: stronger than any QE the tiny world trained against "
@@ -455,12 +454,19 @@ def verdict(m: dict, probe: Optional[dict] = None) -> dict:
             findings.append(f"{text}; the {guard} guard catches {100 * catches:.0f}% of them")
     hackable = None
     if probe is not None:
-        drop = probe["start"]["chrf"] - probe["best_qe"]["chrf"]
-        rise = probe["best_qe"]["qe"] - probe["start"]["qe"]
-        hackable = bool(rise > 0 and drop >= PROBE_CHRF_DROP)
-        findings.append(f"probe: {probe['samples_drawn']} samples of energy-only QE-EBM moved the QE by {rise:+.3f} and "
-                        f"dev chrF++ by {-drop:+.1f} at the QE's best"
-                        + (" (hackable: the QE rose while the translation got worse)" if hackable else ""))
+        rise, fall = probe["qe_rise"], probe["chrf_fall"]
+        lengths = probe["sample_length_ratio"]
+        said = (f"probe: {probe['samples_drawn']} samples of energy-only QE-EBM raised the samples' QE score by "
+                f"{rise:+.3f} (running mean) while dev chrF++ fell by up to {fall:.1f} and the samples grew from "
+                f"{lengths['start']:.2f} to at most {lengths['max']:.2f} times the source's length")
+        if fall < PROBE_CHRF_DROP:
+            hackable = False
+        elif rise > 0:
+            hackable = True
+            said += " (hackable: the QE rose while the translation got worse)"
+        else:
+            said += " (inconclusive: the QE did not rise; fewer steps or a lower --probe-lr would tell)"
+        findings.append(said)
     return {"level": level, "within_source_spearman": rank, "guards_needed": needed, "open": open_,
             "hackable": hackable, "findings": findings}
 
@@ -607,8 +613,9 @@ def format_markdown(result: dict, plots: Sequence[Path] = ()) -> str:
     else:
         lines.append("**Guards this QE needs:** none (it prefers the reference over every degradation in at least "
                      f"{_pct(1 - THRESHOLDS['blind_spot_failures'])} of pairs).")
-    if v["hackable"] is not None:
-        lines.append(f"**Hackability probe:** {'hackable' if v['hackable'] else 'not hackable in this probe'}.")
+    if result.get("probe"):
+        said = {True: "hackable", False: "not hackable in this probe", None: "inconclusive"}[v["hackable"]]
+        lines.append(f"**Hackability probe:** {said}.")
     lines += [""] + [f"- {f}" for f in v["findings"][1:]] + [""]
     lines += ["## Ranking the translator's outputs", "",
               "| against | Pearson | Spearman | within-source Spearman | within-source Pearson | chosen of K: random / QE / oracle "
@@ -643,15 +650,23 @@ def format_markdown(result: dict, plots: Sequence[Path] = ()) -> str:
               "same difference between sources."]
     p = result.get("probe")
     if p:
+        q, ln = p["samples_qe"], p["sample_length_ratio"]
+        dev0, devn = p["curve"][0], p["curve"][-1]
+        rate = p["per_1000_samples"]
         lines += ["", "## Hackability probe: energy-only QE-EBM on the dev sources", "",
                   f"{p['steps']} steps x {p['sources_per_step']} sources x {p['samples_per_source']} samples "
                   f"({p['samples_drawn']} samples), lr {p['lr']:g}, no CE term, no guards; validated on "
                   f"{p['dev_sentences']} dev sentences (greedy).", "",
-                  "| | QE | chrF++ | samples' length / source's |", "|:--|--:|--:|--:|",
-                  f"| start | {_f(p['start']['qe'])} | {_f(p['start']['chrf'], 1)} | {_f(p['sample_length_ratio']['start'], 2)} |",
-                  f"| end | {_f(p['end']['qe'])} | {_f(p['end']['chrf'], 1)} | {_f(p['sample_length_ratio']['end'], 2)} |",
-                  f"| per 1,000 samples | {_f(p['per_1000_samples']['qe'], 4)} | {_f(p['per_1000_samples']['chrf'], 2)} | "
-                  f"{_f(p['per_1000_samples']['sample_length_ratio'], 3)} |"]
+                  f"| | start | peak / lowest (step) | end | per 1,000 samples, first {p['curve'][1]['samples'] if len(p['curve']) > 1 else 0} |",
+                  "|:--|--:|--:|--:|--:|",
+                  f"| the samples' QE score (mean of {q['window']} steps) | {_f(q['start'])} | {_f(q['peak'])} ({q['peak_step']}) | "
+                  f"{_f(q['end'])} | |",
+                  f"| dev QE (greedy) | {_f(dev0['qe'])} | {_f(max(r['qe'] for r in p['curve']))} | {_f(devn['qe'])} | "
+                  f"{_f(rate['dev_qe'], 4)} |",
+                  f"| dev chrF++ (greedy) | {_f(dev0['chrf'], 1)} | {_f(dev0['chrf'] - p['chrf_fall'], 1)} | "
+                  f"{_f(devn['chrf'], 1)} | {_f(rate['dev_chrf'], 2)} |",
+                  f"| the samples' length / source's | {_f(ln['start'], 2)} | {_f(ln['max'], 2)} ({ln['max_step']}) | "
+                  f"{_f(ln['end'], 2)} | {_f(rate['sample_length_ratio'], 3)} |"]
     if result.get("notes"):
         lines += [""] + [f"Note: {n}." for n in result["notes"]]
     if plots:
