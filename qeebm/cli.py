@@ -268,13 +268,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "qe-check", help="will training against this QE help this pair? a report before any GPU time is spent",
-        description="Sample K translations and the beam output of each dev source with the translator, score them, "
-        "the references and degraded copies of the references (doubled, over-long, repeated n-grams, truncated, the "
-        "source copied, another script, empty) with the QE, and report: how the QE ranks the translator's outputs "
-        "against sentence chrF++ (and --comet), overall and within a source, and what QE reranking gains; which "
-        "degradations it prefers over the reference and whether the guards catch them; its calibration; with "
-        "--probe-steps, how far energy-only QE-EBM raises it while chrF++ falls. A verdict with thresholds from the "
-        "tiny world's measurements (docs/qe-check.md). Writes OUT/qe_check.{json,md} and plots.",
+        description="Sample K translations and the beam output of each dev source with the translator; score\n"
+        "them, the references and degraded copies of the references (doubled, over-long, repeated n-grams,\n"
+        "truncated, the source copied, another script, empty) with the QE; report how it ranks the\n"
+        "translator's outputs against sentence chrF++ (and --comet), overall and within a source, and what\n"
+        "QE reranking gains; which degradations it prefers over the reference and whether the guards catch\n"
+        "them; its calibration; with --probe-steps, how far energy-only QE-EBM raises it while chrF++ falls.\n"
+        "A verdict with thresholds from the tiny world's measurements (docs/qe-check.md).\n"
+        "Writes OUT/qe_check.json, OUT/qe_check.md and plots.",
         epilog="examples:\n"
         "  qeebm qe-check --qe data/tinyworld/qe/kiwi --translator data/tinyworld/nllb-base "
         "--dev data/tinyworld/data/dev.tsv --comet data/tinyworld/qe/comet\n"

@@ -226,7 +226,8 @@ def test_the_probe_summary_of_a_hand_made_log():
     from qeebm.probe import summarise
 
     scores, lengths = [0.2, 0.1, 0.3, 0.5, 0.4, 0.9, 0.1], [1.0, 1.0, 2.0, 4.0, 3.0, 2.0, 1.5]
-    records = [{"step": t, "qe-ebm/sample_score": q, "qe-ebm/len_ratio": n} for t, (q, n) in enumerate(zip(scores, lengths), 1)]
+    records = [{"step": t, "qe-ebm/sample_score": q, "qe-ebm/len_ratio": n}
+               for t, (q, n) in enumerate(zip(scores, lengths), 1)]
     records.insert(3, {"step": 3, "val/kiwi": 0.25, "val/chrf": 20.0, "val/bleu": 5.0})
     records.append({"step": 7, "val/kiwi": 0.3, "val/chrf": 24.0, "val/bleu": 6.0})
     out = summarise(records, {"kiwi": 0.2, "chrf": 30.0, "bleu": 9.0}, steps=7, per_step=10, window=3)

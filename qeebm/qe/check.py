@@ -209,7 +209,8 @@ def ranking(qe: Scores, target: Scores) -> dict:
         "spearman": spearman(x, y),
         "within_source_spearman": float(np.mean(ranks)) if ranks else float("nan"),
         # its standard error over sources (each source's value carries its own samples' noise too)
-        "within_source_spearman_se": float(np.std(ranks, ddof=1) / math.sqrt(len(ranks))) if len(ranks) > 1 else float("nan"),
+        "within_source_spearman_se": (float(np.std(ranks, ddof=1) / math.sqrt(len(ranks))) if len(ranks) > 1
+                                      else float("nan")),
         "within_source_pearson": within_source(qe.samples.ravel(), target.samples.ravel(), groups, pearson),
         "sources_with_spread": len(ranks),
     }
@@ -321,11 +322,11 @@ def _slope(x: np.ndarray, y: np.ndarray) -> float:
 
 def calibration(qe: Scores, target: Scores, bins: int = CALIBRATION_BINS) -> dict:
     """Quality against QE score over the translator's outputs: equal-count bins of the score (with
-    the best monotone map's mean in each), that map's RMSE and R^2, the share of its squared error that is a per-source offset
-    (``1 / (K + 1)`` is what independent errors give), and the least-squares slope of quality on
-    score across all outputs and within sources (each source's mean removed): a ratio below 1 means
-    a score difference between one source's candidates buys less quality than the same difference
-    across sources."""
+    the best monotone map's mean in each), that map's RMSE and R^2, the share of its squared error
+    that is a per-source offset (``1 / (K + 1)`` is what independent errors give), and the
+    least-squares slope of quality on score across all outputs and within sources (each source's
+    mean removed): a ratio below 1 means a score difference between one source's candidates buys
+    less quality than the same difference across sources."""
     x, y = qe.outputs, target.outputs  # [N, K + 1]
     fx, fy = x.ravel(), y.ravel()
     fit = isotonic(fx, fy)
@@ -653,14 +654,15 @@ def format_markdown(result: dict, plots: Sequence[Path] = ()) -> str:
         q, ln = p["samples_qe"], p["sample_length_ratio"]
         dev0, devn = p["curve"][0], p["curve"][-1]
         rate = p["per_1000_samples"]
+        first = p["curve"][1]["samples"] if len(p["curve"]) > 1 else 0
         lines += ["", "## Hackability probe: energy-only QE-EBM on the dev sources", "",
                   f"{p['steps']} steps x {p['sources_per_step']} sources x {p['samples_per_source']} samples "
                   f"({p['samples_drawn']} samples), lr {p['lr']:g}, no CE term, no guards; validated on "
                   f"{p['dev_sentences']} dev sentences (greedy).", "",
-                  f"| | start | peak / lowest (step) | end | per 1,000 samples, first {p['curve'][1]['samples'] if len(p['curve']) > 1 else 0} |",
+                  f"| | start | peak / lowest (step) | end | per 1,000 samples, first {first} |",
                   "|:--|--:|--:|--:|--:|",
-                  f"| the samples' QE score (mean of {q['window']} steps) | {_f(q['start'])} | {_f(q['peak'])} ({q['peak_step']}) | "
-                  f"{_f(q['end'])} | |",
+                  f"| the samples' QE score (mean of {q['window']} steps) | {_f(q['start'])} | {_f(q['peak'])} "
+                  f"({q['peak_step']}) | {_f(q['end'])} | |",
                   f"| dev QE (greedy) | {_f(dev0['qe'])} | {_f(max(r['qe'] for r in p['curve']))} | {_f(devn['qe'])} | "
                   f"{_f(rate['dev_qe'], 4)} |",
                   f"| dev chrF++ (greedy) | {_f(dev0['chrf'], 1)} | {_f(dev0['chrf'] - p['chrf_fall'], 1)} | "

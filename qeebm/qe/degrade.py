@@ -93,10 +93,10 @@ _CONSONANTS = "bcdfghjklmnpqrstvwxz"
 def _roman(ch: str) -> str:
     """One non-Latin letter in Latin letters, from its Unicode name: a letter's name begins with
     its sound ("CYRILLIC SMALL LETTER ZHE" -> "zh", "GREEK SMALL LETTER GAMMA" -> "g", "HEBREW
-    LETTER ALEF" -> "a", "CYRILLIC SMALL LETTER EL" -> "l"); syllables and vowel signs are named by their sound ("HANGUL SYLLABLE HAN"
-    -> "han", "DEVANAGARI VOWEL SIGN AA" -> "aa"). Letters whose name says nothing (Han ideographs)
-    become a consonant-vowel syllable drawn from the code point. Not a transliteration: the same
-    words in another script, which is all an off-target check needs."""
+    LETTER ALEF" -> "a", "CYRILLIC SMALL LETTER EL" -> "l"); syllables and vowel signs are named by
+    their sound ("HANGUL SYLLABLE HAN" -> "han", "DEVANAGARI VOWEL SIGN AA" -> "aa"). Letters whose
+    name says nothing (Han ideographs) become a consonant-vowel syllable drawn from the code point.
+    Not a transliteration: the same words in another script, which is all an off-target check needs."""
     name = unicodedata.name(ch, "")
     marker = next((m for m in _NAME_PARTS if m in name), None)
     if marker is None:
