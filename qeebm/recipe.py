@@ -363,17 +363,24 @@ def _free_memory() -> None:
         torch.cuda.empty_cache()
 
 
-def prepare_data(plan: Plan, state) -> None:
+def _prepare(plan: Plan) -> None:
+    """The data step's work (a no-op in tiny mode or when the data is prepared)."""
     from qeebm.data_prep import prepare
 
     if plan.tiny is not None:
         return
     cfg = plan.runs[0].cfg
     choice = MODELS[plan.model]
+    prepare(plan.recipe.corpus, plan.data_dir, tokenizer=choice.hub_id,
+            src_code=to_model_code(cfg.model.src_lang, choice.family),
+            tgt_code=to_model_code(cfg.model.tgt_lang, choice.family), max_tokens=cfg.data.max_tokens)
+
+
+def prepare_data(plan: Plan, state) -> None:
+    if plan.tiny is not None:
+        return
     if state.is_local_main_process:
-        prepare(plan.recipe.corpus, plan.data_dir, tokenizer=choice.hub_id,
-                src_code=to_model_code(cfg.model.src_lang, choice.family),
-                tgt_code=to_model_code(cfg.model.tgt_lang, choice.family), max_tokens=cfg.data.max_tokens)
+        _prepare(plan)
         return
     # Polling the manifest instead of a barrier: a download may outlast NCCL's collective timeout,
     # and if the main process fails the launcher ends this one.
@@ -454,12 +461,9 @@ def qe_check(plan: Plan) -> Path:
     """``qeebm qe-check`` of the plan's translator, the QE its QE-trained systems optimise (with their
     guard settings) and its dev set, measured against the evaluation's reference-based COMET too;
     the data is prepared first, as the real run would. Returns the report directory."""
-    import torch
-    from accelerate import PartialState
-
     from qeebm.qe.check import run
 
-    prepare_data(plan, PartialState(cpu=not torch.cuda.is_available()))
+    _prepare(plan)  # one process: under a launcher only the main one gets here
     cfg = next((r.cfg for r in plan.runs if r.system != "sft"), plan.runs[0].cfg)
     out = plan.out / "qe-check" / plan.model
     result = run(cfg.qe.path, cfg.model.name_or_path, cfg.data.dev.path, out, src_lang=cfg.model.src_lang,
