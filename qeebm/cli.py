@@ -7,6 +7,7 @@ import argparse
 import json
 import logging
 import sys
+from pathlib import Path
 
 from qeebm.entry import setup_process
 from qeebm.errors import QeebmError
@@ -75,6 +76,18 @@ def cmd_score(args: argparse.Namespace) -> None:
     from qeebm.qe.scoring import score_file
 
     score_file(args.model, args.input, args.output, batch_size=args.batch_size)
+
+
+def cmd_qe_check(args: argparse.Namespace) -> None:
+    from qeebm.qe.check import run
+
+    result = run(args.qe, args.translator, args.dev, args.out, src_lang=args.src_lang, tgt_lang=args.tgt_lang,
+                 comet=args.comet, samples=args.samples, max_sentences=args.max_sentences, beams=args.beams,
+                 max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, qe_batch_size=args.qe_batch_size,
+                 seed=args.seed, device=args.device, probe_steps=args.probe_steps, probe_batch=args.probe_batch,
+                 probe_samples=args.probe_samples, probe_lr=args.probe_lr)
+    print(Path(args.out, "qe_check.md").read_text(encoding="utf-8"), end="")
+    print(f"report: {args.out}/qe_check.md, {args.out}/qe_check.json (verdict: {result['verdict']['level']})")
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
@@ -279,6 +292,49 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", "-o", required=True, help="one score a line")
     p.add_argument("--batch-size", type=int, default=64)
     p.set_defaults(func=cmd_score)
+
+    p = sub.add_parser(
+        "qe-check", help="will training against this QE help this pair? a report before any GPU time is spent",
+        description="Sample K translations and the beam output of each dev source with the translator; score\n"
+        "them, the references and degraded copies of the references (doubled, over-long, repeated n-grams,\n"
+        "truncated, the source copied, another script, empty) with the QE; report how it ranks the\n"
+        "translator's outputs against sentence chrF++ (and --comet), overall and within a source, and what\n"
+        "QE reranking gains; which degradations it prefers over the reference and whether the guards catch\n"
+        "them; its calibration; with --probe-steps, how far energy-only QE-EBM raises it while chrF++ falls.\n"
+        "A verdict with thresholds from the tiny world's measurements (docs/qe-check.md).\n"
+        "Writes OUT/qe_check.json, OUT/qe_check.md and plots.",
+        epilog="examples:\n"
+        "  qeebm qe-check --qe data/tinyworld/qe/kiwi --translator data/tinyworld/nllb-base "
+        "--dev data/tinyworld/data/dev.tsv --comet data/tinyworld/qe/comet\n"
+        "  qeebm qe-check --qe Unbabel/wmt22-cometkiwi-da --translator facebook/nllb-200-distilled-600M "
+        "--dev dev.tsv --tgt-lang khk_Cyrl --comet Unbabel/wmt22-comet-da --probe-steps 40",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--qe", required=True, help="the QE to check: a CometKiwi or XCOMET (scored without references) "
+                   "or reference-based COMET; a comet directory or hub id")
+    p.add_argument("--translator", required=True, help="translator directory or hub id (NLLB-200 or mBART-50 family)")
+    p.add_argument("--dev", required=True, help="dev corpus with references (tsv/jsonl, columns src and tgt)")
+    p.add_argument("--src-lang", default="eng_Latn", help="NLLB code (default eng_Latn)")
+    p.add_argument("--tgt-lang", default="khk_Cyrl", help="NLLB code (default khk_Cyrl)")
+    p.add_argument("--out", default="runs/qe-check", help="report directory (default %(default)s)")
+    p.add_argument("--comet", metavar="MODEL", help="a reference-based COMET (or XCOMET) to measure the QE against, "
+                   "beside sentence chrF++")
+    p.add_argument("--samples", type=int, default=8, metavar="K", help="samples per source (default 8)")
+    p.add_argument("--max-sentences", type=int, default=500, metavar="N", help="the first N dev pairs (default 500; "
+                   "0: all)")
+    p.add_argument("--beams", type=int, default=5, help="beam size of the beam output (default 5)")
+    p.add_argument("--max-new-tokens", type=int, default=50, help="default 50")
+    p.add_argument("--batch-size", type=int, default=32, help="decoding batch size (default 32)")
+    p.add_argument("--qe-batch-size", type=int, default=64, help="QE scoring batch size (default 64)")
+    p.add_argument("--seed", type=int, default=0, help="sampling and degradation seed (default 0)")
+    p.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available)")
+    g = p.add_argument_group("hackability probe (off by default)")
+    g.add_argument("--probe-steps", type=int, default=0, metavar="N",
+                   help="run N steps of energy-only QE-EBM (no CE term, no guards) on the dev sources")
+    g.add_argument("--probe-batch", type=int, default=16, help="sources per probe step (default 16)")
+    g.add_argument("--probe-samples", type=int, default=5, help="samples per source in the probe (default 5)")
+    g.add_argument("--probe-lr", type=float, default=3e-4, help="probe learning rate (default 3e-4)")
+    p.set_defaults(func=cmd_qe_check)
 
     p = sub.add_parser("demo", help="the main job on the tiny world: build it, train, evaluate, print",
                        description="Build the tiny world if absent, train SFT from its base translator to its "

@@ -117,3 +117,74 @@ def plot_curves(runs: Iterable[tuple[str, Path]], keys: Sequence[str], out_dir: 
         fig.savefig(path, dpi=120)
         paths.append(path)
     return paths, notes
+
+
+def plot_qe_check(result: dict, out_dir: Path) -> list[Path]:
+    """``qeebm qe-check``'s plots (qeebm/qe/check.py): the reliability plot of each reference-based
+    quality (quality by QE-score bin, with the best monotone map's bin means), the QE's preference
+    for the reference over each degradation, and the probe's curves when it ran."""
+    m = result["measurements"]
+    paths = []
+    cal = m["calibration"]
+    fig = _figure(5.0 * len(cal), 4.0)
+    for i, (name, c) in enumerate(cal.items(), 1):
+        ax = fig.add_subplot(1, len(cal), i)
+        bins = c["bins"]
+        x = [b["qe_mean"] for b in bins]
+        ax.errorbar(x, [b["quality_mean"] for b in bins], yerr=[b["quality_sd"] for b in bins], fmt="o", capsize=3,
+                    label="quality in the bin")
+        ax.plot(x, [b["monotone_mean"] for b in bins], color="C1", label="best monotone map")
+        ax.legend(fontsize="small")
+        ax.set_xlabel("QE score (bin mean)")
+        ax.set_ylabel(f"{name} (mean, sd)")
+        ax.set_title(f"{name}: monotone R^2 {c['monotone_r2']:.2f}" if c["monotone_r2"] is not None else name)
+        ax.grid(alpha=0.3)
+    path = out_dir / "reliability.png"
+    fig.savefig(path, dpi=110)
+    paths.append(path)
+
+    spots = {k: v for k, v in m["blind_spots"].items() if v["rows"]}
+    fig = _figure(6.4, 0.45 * len(spots) + 1.5)
+    ax = fig.add_subplot()
+    kinds = list(spots)
+    y = np.arange(len(kinds))
+    ax.barh(y, [spots[k]["prefers_reference"] for k in kinds], color="C0")
+    threshold = 1 - result["thresholds"]["blind_spot_failures"]
+    ax.axvline(threshold, color="C3", lw=1, ls="--", label=f"{threshold:.0%}: below, the guard is needed")
+    for j, k in enumerate(kinds):
+        catches = spots[k].get("guard_catches")
+        if catches is not None:
+            ax.annotate(f"{spots[k].get('guard')} guard catches {catches:.0%}", (0.02, j), va="center", fontsize=8,
+                        color="white")
+    ax.set_yticks(y, kinds)
+    ax.set_xlim(0, 1)
+    ax.set_xlabel("share of pairs whose reference the QE scores above the degraded copy")
+    ax.legend(fontsize="small", loc="lower right")
+    path = out_dir / "blind_spots.png"
+    fig.savefig(path, dpi=110)
+    paths.append(path)
+
+    probe = result.get("probe")
+    if probe:
+        fig = _figure(14.0, 3.6)
+        per_sample = 1000 / (probe["sources_per_step"] * probe["samples_per_source"])
+        steps = [r["step"] / per_sample for r in probe["per_step"]]
+        dev = [r["samples"] / 1000 for r in probe["curve"]]
+        ax = fig.add_subplot(1, 3, 1)
+        ax.plot(steps, [r["samples_qe"] for r in probe["per_step"]], lw=0.8, label="the samples' (each step)")
+        ax.plot(dev, [r["qe"] for r in probe["curve"]], marker="o", label="dev, greedy")
+        ax.set_title("QE score")
+        ax.legend(fontsize="small")
+        ax = fig.add_subplot(1, 3, 2)
+        ax.plot(dev, [r["chrf"] for r in probe["curve"]], marker="o")
+        ax.set_title("chrF++ (dev, greedy)")
+        ax = fig.add_subplot(1, 3, 3)
+        ax.plot(steps, [r["sample_length_ratio"] for r in probe["per_step"]])
+        ax.set_title("the samples' length / source's")
+        for ax in fig.axes:
+            ax.set_xlabel("samples drawn (thousands)")
+            ax.grid(alpha=0.3)
+        path = out_dir / "probe.png"
+        fig.savefig(path, dpi=110)
+        paths.append(path)
+    return paths

@@ -200,6 +200,9 @@ def parse_args(argv: list[str], recipe: Union[Recipe, Callable], prog: str) -> a
                         "and exit: 0 when all of them load here")
     # What `bash RECIPE` runs before it starts accelerate: the plan alone, in a second.
     p.add_argument("--check-plan", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--qe-check", action="store_true", help="check the request, then run `qeebm qe-check` "
+                   "(docs/qe-check.md) on the translator, the COMET-Kiwi it is trained against and the dev set "
+                   "(prepared first) -> OUT/qe-check/MODEL/; run it before a real run")
     p.add_argument("--accelerate-config", metavar="FILE",
                    help="with `bash RECIPE`: the accelerate config to launch with (recipes/accelerate/*.yaml)")
     return p.parse_args(argv)
@@ -550,6 +553,23 @@ def compare_runs(plan: Plan) -> str:
     return text
 
 
+def qe_check(plan: Plan) -> Path:
+    """``qeebm qe-check`` of the plan's translator, the QE its QE-trained systems optimise (with their
+    guard settings) and its dev set, measured against the evaluation's reference-based COMET too;
+    the data is prepared first, as the real run would. Returns the report directory."""
+    from qeebm.qe.check import run
+
+    prepare_corpus(plan)  # one process: under a launcher only the main one gets here
+    cfg = next((r.cfg for r in plan.runs if r.system != "sft"), plan.runs[0].cfg)
+    out = plan.out / "qe-check" / plan.model
+    result = run(cfg.qe.path, cfg.model.name_or_path, cfg.data.dev.path, out, src_lang=cfg.model.src_lang,
+                 tgt_lang=cfg.model.tgt_lang, comet=plan.metrics["comet"], max_new_tokens=cfg.generation.max_new_tokens,
+                 guards=cfg.guards)
+    sys.stdout.write((out / "qe_check.md").read_text(encoding="utf-8"))
+    print(f"qe-check report: {out}/qe_check.md (verdict: {result['verdict']['level']})")
+    return out
+
+
 def execute(plan: Plan) -> None:
     import torch
     from accelerate import PartialState
@@ -616,6 +636,10 @@ def main(recipe: Union[Recipe, Callable], argv: Optional[list[str]] = None, prog
             raise QeebmError("--accelerate-config is for `bash RECIPE ...`; under accelerate launch pass "
                              "--config_file to accelerate itself")
         plan = build_plan(resolve_recipe(recipe, args), args)
+        if args.qe_check:
+            if _is_main_process():
+                qe_check(plan)
+            return 0
         if args.check_plan:
             return 0
         if args.check:
@@ -661,9 +685,9 @@ def relaunch(script: str, args: list[str]) -> int:
     """``bash RECIPE ARGS``: run the recipe file through ``accelerate launch`` with this Python, the
     config from --accelerate-config (or QEEBM_ACCELERATE_CONFIG), else accelerate's own default
     config. A dry run, --check or --help needs no launcher; they plan for the process count the
-    launch would have."""
+    launch would have. --qe-check runs in this one process."""
     py = sys.executable
-    if any(a in ("-h", "--help") for a in args):
+    if any(a in ("--qe-check", "-h", "--help") for a in args):
         os.execv(py, [py, script, *args])
     config = os.environ.get("QEEBM_ACCELERATE_CONFIG")
     rest = []

@@ -38,6 +38,7 @@ except ImportError:  # run from a checkout without `pip install -e .`
 from qeebm.config import data_path_overrides
 from qeebm.demo import train_worker
 from qeebm.entry import setup_process
+from qeebm.probe import qe_only_overrides, start_metrics
 from qeebm.runlog import read_metrics, validations
 
 # name -> (recipe, overrides): every variant optimises Kiwi alone.
@@ -52,15 +53,7 @@ VARIANTS = {
 
 def variant_overrides(name: str, k: int) -> list[str]:
     method = name.split("-")[0] if not name.startswith("qe-ebm") else "qe-ebm"
-    if method == "qe-ebm":
-        return ["qe_ebm.alpha=0.0", "qe_ebm.beta_max=1.0", "qe_ebm.beta_ramp_steps=0", "qe_ebm.weighting=absolute",
-                "qe_ebm.guards=false",
-                f"qe_ebm.sampling.num_samples={k}", "qe_ebm.sampling.temperature=1.0", "qe_ebm.sampling.top_k=0", "qe_ebm.sampling.top_p=1.0"]
-    if method == "reinforce":
-        return ["reinforce.alpha=0.0", "reinforce.pg_weight=1.0", "reinforce.guards=false", f"reinforce.sampling.num_samples={k}",
-                "reinforce.sampling.temperature=1.0", "reinforce.sampling.top_k=0", "reinforce.sampling.top_p=1.0"]
-    return ["ppo.alpha=0.0", "ppo.guards=false", f"ppo.sampling.num_samples={k}", "ppo.sampling.temperature=1.0", "ppo.sampling.top_k=0",
-            "ppo.sampling.top_p=1.0"]
+    return qe_only_overrides(method, k)
 
 
 def overrides(name: str, lr: float, args, run_dir: Path) -> list[str]:
@@ -109,21 +102,15 @@ def step0(args) -> dict:
     """Dev metrics of the base translator, the common starting point (step 0) of every curve."""
     import torch
 
-    from qeebm.config import ModelConfig, load_config
-    from qeebm.data import read_corpus
-    from qeebm.loop import ValidationScorers, validate
-    from qeebm.translator import Translator
+    from qeebm.config import load_config
 
     torch.set_num_threads(1)
     world = Path(args.world)
     cfg = load_config(overrides=[*data_path_overrides(world / "data"), f"qe.path={world / 'qe/kiwi'}",
+                                 f"model.name_or_path={world / args.base}",
                                  f"eval.max_examples={args.dev}", "eval.qe_metrics=[kiwi,judge]",
                                  f"eval.judge_path={world / 'qe/judge'}", "generation.num_beams=1"])
-    translator = Translator.load(ModelConfig(name_or_path=str(world / args.base)))
-    translator.model.eval()
-    dev = read_corpus(cfg.data.dev, "dev", need_target=True)
-    result, _ = validate(cfg, translator, dev, None, ValidationScorers(cfg, torch.device("cpu")))
-    return {"step": 0, **{f"val/{k}": v for k, v in result.items()}}
+    return {"step": 0, **{f"val/{k}": v for k, v in start_metrics(cfg, device="cpu").items()}}
 
 
 def plot(curves: dict[str, list[dict]], chosen: dict[str, float], per_step: dict[str, int], out: Path) -> Path:

@@ -6,7 +6,7 @@ import pytest
 
 from qeebm.cli import build_parser, main
 
-SUBCOMMANDS = [["tinyworld", "build"], ["train"], ["translate"], ["evaluate"], ["score"], ["demo"]]
+SUBCOMMANDS = [["tinyworld", "build"], ["train"], ["translate"], ["evaluate"], ["score"], ["qe-check"], ["demo"]]
 
 
 @pytest.mark.parametrize("words", SUBCOMMANDS, ids=[" ".join(w) for w in SUBCOMMANDS])

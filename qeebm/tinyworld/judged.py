@@ -165,20 +165,11 @@ def degenerate_probes(pairs, seed: int) -> dict[str, list[Judged]]:
 
 def within_source(scores, quality_, groups) -> float:
     """Mean over groups (one source's samples of one system) of the Pearson correlation between a
-    QE's scores and the true quality; groups with no spread on either side are left out."""
-    from qeebm.qe.tiny import pearson
+    QE's scores and the true quality; groups with no spread on either side are left out (the same
+    rule as ``qeebm qe-check``'s)."""
+    from qeebm.qe.check import within_source as mean_within
 
-    by: dict = {}
-    for s, q, g in zip(scores, quality_, groups):
-        by.setdefault(g, []).append((s, q))
-    values = []
-    for members in by.values():
-        if len(members) < 3:
-            continue
-        x, y = zip(*members)
-        if np.std(x) > 0 and np.std(y) > 0:
-            values.append(pearson(x, y))
-    return float(np.mean(values)) if values else float("nan")
+    return mean_within(scores, quality_, groups)
 
 
 def report(scorer, heldout: list[Judged], samples: list[Judged], probes: dict[str, list[Judged]]) -> dict:

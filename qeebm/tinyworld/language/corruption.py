@@ -13,6 +13,7 @@ import random
 from collections import defaultdict
 from typing import Optional
 
+from qeebm.qe.degrade import doubled, over_long, repeated_ngram
 from qeebm.tinyworld.language.grammar import Pair
 from qeebm.tinyworld.language.morphology import (
     CASES,
@@ -470,17 +471,14 @@ def degenerate(text: str, kind: str, rng: random.Random, filler: str = "") -> st
     "off_target_script" writes it in Latin letters. An empty text stays empty."""
     if kind not in DEGENERATIONS:
         raise ValueError(f"unknown degeneration {kind!r}; expected one of {DEGENERATIONS}")
-    words = text.split()
-    if not words:
+    if not text.split():
         return text
+    # The language-independent three are qe-check's degradations too (qeebm/qe/degrade.py), over
+    # words as this language is written.
     if kind == "over_long":
-        extra = filler.split() or words
-        return " ".join(words + extra[: rng.randint(2, 6)])
+        return over_long(text, filler, rng, spaced=True)
     if kind == "repeated_ngram":
-        n = min(len(words), rng.randint(1, 3))
-        start = rng.randrange(len(words) - n + 1)
-        gram = words[start:start + n]
-        return " ".join(words[:start + n] + gram * rng.randint(2, 4) + words[start + n:])
+        return repeated_ngram(text, rng, spaced=True)
     if kind == "run_on_copy":
-        return f"{text} {text}"
+        return doubled(text)
     return romanize(text)
