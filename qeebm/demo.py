@@ -194,7 +194,8 @@ def plateau_dir(runs: Path, seed: int, seeds: int) -> Path:
 
 
 def run_demo(world_dir: str | None = None, runs_dir: str | None = None, quick: bool = False,
-             seeds: int = 1, steps: int | None = None, base: str = "nllb", systems: list[str] | None = None) -> str:
+             seeds: int = 1, steps: int | None = None, base: str = "nllb", systems: list[str] | None = None,
+             train_plateau: bool = False) -> str:
     start = time.perf_counter()
     world = Path(world_dir or ("data/tinyworld-micro" if quick else "data/tinyworld"))
     # The smoke run has its own directory: a full demo after it would otherwise try to resume its runs.
@@ -207,7 +208,7 @@ def run_demo(world_dir: str | None = None, runs_dir: str | None = None, quick: b
     b = budget(quick) | ({"steps": steps} if steps else {})
     names = systems or default_systems()
     plateaus = {seed: plateau_dir(runs, seed, seeds) for seed in SEEDS[:seeds]}
-    timings.update(train_plateaus(plateaus, world, b, base))
+    timings.update(train_plateaus(plateaus, world, b, base, train=train_plateau))
     starts = {seed: plateau_start(d) for seed, d in plateaus.items()}
     run_dirs = {(name, seed): runs / (name if seeds == 1 else f"{name}-seed{seed}")
                 for seed in SEEDS[:seeds] for name in names}
@@ -225,6 +226,68 @@ def run_demo(world_dir: str | None = None, runs_dir: str | None = None, quick: b
           f"{timings['evaluation']:.0f} s")
     print(f"tables and plots: {runs / 'comparison'}, {runs / 'comparison-chrf'}; total time {timings['total']:.0f} s")
     return by_kiwi
+
+
+# SFT's plateau for seed 42 from the NLLB-style base, shipped beside the world's QEs: training it
+# takes the demo's machine about 11 of its 20 minutes, and trained weights are bitwise reproducible
+# only on the same kind of CPU (as the bases). `qeebm demo --train-plateau` trains it instead;
+# ``export_plateau`` writes it.
+SHIPPED_PLATEAU = resources.SHIPPED_QE / "plateau"
+# What the plateau is made from: the base's and the labelled pairs' files in the world.
+PLATEAU_INPUTS = ("data/train.tsv", "data/dev.tsv")
+
+
+def plateau_inputs(world: Path, base: str) -> dict[str, str]:
+    from qeebm.integrity import sha256_file
+
+    files = sorted((world / f"{base}-base").iterdir()) + [world / f for f in PLATEAU_INPUTS]
+    recipe = CONFIGS / "tiny_plateau.yaml"
+    return {str(f.relative_to(world)): sha256_file(f) for f in files if f.is_file()} | {
+        "recipe tiny_plateau.yaml": sha256_file(recipe)}
+
+
+def export_plateau(run_dir: Path, world: Path, seed: int, base: str = "nllb", out: Path = SHIPPED_PLATEAU) -> Path:
+    """Keep a plateau run's ``best/`` model, its curve (``metrics.jsonl``) and settings (``config.yaml``)
+    in ``out``, with the digests of its inputs and of every file (``source.json``)."""
+    import shutil
+
+    from qeebm.integrity import sha256_file
+
+    staging = out.with_name(out.name + ".tmp")
+    shutil.rmtree(staging, ignore_errors=True)
+    shutil.copytree(run_dir / "best", staging / "best")
+    for name in ("metrics.jsonl", "config.yaml"):
+        shutil.copy(run_dir / name, staging / name)
+    files = {str(f.relative_to(staging)): sha256_file(f) for f in sorted(staging.rglob("*")) if f.is_file()}
+    source = {"seed": seed, "base": base, "inputs": plateau_inputs(world, base), "files": files}
+    (staging / "source.json").write_text(json.dumps(source, indent=2, sort_keys=True) + "\n")
+    shutil.rmtree(out, ignore_errors=True)
+    staging.rename(out)
+    return out
+
+
+def shipped_plateau(world: Path, seed: int, base: str, shipped: Path | None = None) -> Path | None:
+    """``shipped`` (default ``SHIPPED_PLATEAU``) when it is the plateau this world, seed and base would
+    train, else None; its files differing from their recorded digests is a one-line error."""
+    from qeebm.errors import QeebmError
+    from qeebm.integrity import sha256_file
+
+    shipped = Path(shipped or SHIPPED_PLATEAU)
+    source = shipped / "source.json"
+    if not source.is_file():
+        return None
+    recorded = json.loads(source.read_text())
+    if recorded["seed"] != seed or recorded["base"] != base or recorded["inputs"] != plateau_inputs(world, base):
+        return None
+    for name, digest in recorded["files"].items():
+        if not (shipped / name).is_file() or sha256_file(shipped / name) != digest:
+            raise QeebmError(f"{shipped / name}: differs from its digest in {source}; delete {shipped} to train "
+                             "the plateau instead")
+    return shipped
+
+
+def plateau_done(run_dir: Path) -> bool:
+    return (run_dir / "final").is_dir() or (run_dir / "shipped.json").is_file()
 
 
 def plateau_start(run_dir: Path) -> Path:
@@ -256,12 +319,24 @@ def run_jobs(jobs: list[tuple[str, str, list[str]]]) -> dict:
     return timings
 
 
-def train_plateaus(plateaus: dict, world: Path, b: dict, base: str = "nllb") -> dict:
-    """SFT's plateau for every ``seed -> run_dir`` (``recipes/configs/tiny_plateau.yaml``)."""
+def train_plateaus(plateaus: dict, world: Path, b: dict, base: str = "nllb", train: bool = False) -> dict:
+    """SFT's plateau for every ``seed -> run_dir`` (``recipes/configs/tiny_plateau.yaml``), or the
+    shipped one where it is that plateau (``shipped_plateau``; not with ``train``)."""
+    import shutil
+
     t = time.perf_counter()
-    timings = run_jobs([(f"plateau/{seed}", "tiny_plateau.yaml", plateau_overrides(world, d, b, seed, base))
-                        for seed, d in plateaus.items()])
-    return timings | {"plateau": time.perf_counter() - t}
+    jobs = []
+    for seed, d in plateaus.items():
+        if plateau_done(d):
+            continue
+        shipped = None if train or b["plateau"] != budget(False)["plateau"] else shipped_plateau(world, seed, base)
+        if shipped is not None:
+            shutil.copytree(shipped, d, dirs_exist_ok=True)
+            (d / "shipped.json").write_text(json.dumps({"from": str(shipped)}) + "\n")
+            log.info("SFT's plateau for seed %d: the shipped one (%s); --train-plateau trains it", seed, shipped)
+            continue
+        jobs.append((f"plateau/{seed}", "tiny_plateau.yaml", plateau_overrides(world, d, b, seed, base)))
+    return run_jobs(jobs) | {"plateau": time.perf_counter() - t}
 
 
 def train_runs(run_dirs: dict, world: Path, b: dict, starts: dict, seed: int | None = None,
