@@ -240,10 +240,16 @@ PLATEAU_INPUTS = ("data/train.tsv", "data/dev.tsv")
 def plateau_inputs(world: Path, base: str) -> dict[str, str]:
     from qeebm.integrity import sha256_file
 
+    import hashlib
+
+    import yaml
+
     files = sorted((world / f"{base}-base").iterdir()) + [world / f for f in PLATEAU_INPUTS]
-    recipe = CONFIGS / "tiny_plateau.yaml"
+    # The recipe's settings, not its bytes: a comment edited leaves the plateau what it was.
+    recipe = yaml.safe_load((CONFIGS / "tiny_plateau.yaml").read_text(encoding="utf-8"))
+    settings = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()
     return {str(f.relative_to(world)): sha256_file(f) for f in files if f.is_file()} | {
-        "recipe tiny_plateau.yaml": sha256_file(recipe)}
+        "recipe tiny_plateau.yaml (settings)": settings}
 
 
 def export_plateau(run_dir: Path, world: Path, seed: int, base: str = "nllb", out: Path = SHIPPED_PLATEAU) -> Path:

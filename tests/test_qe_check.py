@@ -22,7 +22,7 @@ from qeebm.qe.degrade import DEGRADATIONS, degrade_all, doubled, other_script, o
 TINY_QES = {
     "kiwi-weak": {"strength": 0, "length_blind_spot": True},
     "kiwi-medium": {"strength": 1, "length_blind_spot": True},
-    "kiwi": {"strength": 2, "length_blind_spot": True},
+    "kiwi-v1": {"strength": 2, "length_blind_spot": True},
     "comet": {"strength": 3, "length_blind_spot": False},
 }
 REFERENCE_BASED = "comet"  # the world's reference-based COMET: a quality to measure against, too

@@ -654,6 +654,9 @@ def export_qe(world: str | Path, out: str | Path) -> Path:
               "base_files": {k: v for k, v in files.items() if k.startswith(BASE_PREFIXES)},
               "base_test": manifest["base_test"]}
     (staging / "source.json").write_text(json.dumps(source, indent=2, sort_keys=True) + "\n")
+    # The demo's shipped SFT plateau (qeebm/demo.py) lives here too and is not the QEs' to replace.
+    if (out / "plateau").is_dir():
+        shutil.copytree(out / "plateau", staging / "plateau")
     shutil.rmtree(out, ignore_errors=True)
     staging.rename(out)
     return out
