@@ -380,7 +380,9 @@ def evaluate_and_compare(run_dirs: dict, world: Path, runs: Path, plateaus: dict
         reports = [r for future in done for r in future.result()]
     for path, seconds in reports:
         timings[f"evaluate_{Path(path).parents[1].name}_{Path(path).stem}"] = seconds
-    selected = [Path(path) for path, _ in reports if path.endswith(("-rerank.json", "-mbr.json"))]
+    # Reranking's rows first, then MBR's (the workers finish in either order).
+    selected = sorted((Path(path) for path, _ in reports if path.endswith(("-rerank.json", "-mbr.json"))),
+                      key=lambda p: p.name.endswith("-mbr.json"))
     timings["evaluation"] = time.perf_counter() - t
 
     # The tables (seeds of one system are grouped by its name), against SFT continued.
