@@ -398,7 +398,7 @@ def test_the_length_blind_spot_is_flagged(measured):
             # the length guard's default range lets most over-long copies through: left open
             assert "over_long" in v["open"]
     # the strong Kiwi: the reference over its over-long copy in about 90% of pairs (87% here)
-    assert 0.8 < measured["kiwi"]["m"]["blind_spots"]["over_long"]["prefers_reference"] < 0.95
+    assert 0.8 < measured["kiwi-v1"]["m"]["blind_spots"]["over_long"]["prefers_reference"] < 0.95
     assert all(row["prefers_reference"] == 1 for row in measured[REFERENCE_BASED]["m"]["blind_spots"].values())
 
 
