@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from qeebm.config import GenerationConfig
-from qeebm.methods.sampling import Samples, sample
+from qeebm.methods.sampling import Samples, action_mask, sample
 from qeebm.rl import policy_logits, sequence_logprobs
 from qeebm.translator import eval_mode, output_rows
 
@@ -70,25 +70,13 @@ def draw(translator, energy, src: list[str], n: int, max_new_tokens: int = 50, r
     samples = Samples(src=[x for x in src for _ in range(n)], hyps=None,
                       input_ids=enc.input_ids[::enc.input_ids.shape[0] // len(src)].repeat_interleave(n, dim=0),
                       attention_mask=enc.attention_mask[::enc.attention_mask.shape[0] // len(src)].repeat_interleave(n, dim=0),
-                      sequences=sequences, mask=_action_mask(translator, sequences, max_new_tokens),
+                      sequences=sequences, mask=action_mask(translator, sequences, max_new_tokens),
                       temperature=1.0, suppress=enc.suppress)
     rows_ref = [r for r in refs for _ in range(n)] if refs is not None else None
     mt_mask = translator.teacher_forcing(sequences)["labels"] != -100
     scores = energy.score_ids(samples.src, sequences[:, 1:], mt_mask, ref=rows_ref)
     half = torch.arange(n).remainder(2).repeat(len(src))
     return Draws(samples=samples, scores=scores, half=half, n=n, refs=rows_ref)
-
-
-def _action_mask(translator, sequences: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
-    """The policy's actions among the emitted tokens, as ``methods.sampling.sample`` masks them."""
-    from qeebm.rl import eos_mask
-
-    tok = translator.tokenizer
-    tokens = sequences[:, 1:]
-    mask = eos_mask(tokens, tok.eos_token_id, tok.pad_token_id, n_forced=1)
-    if translator.forced_eos_id is not None and tokens.shape[1] == max_new_tokens:
-        mask[:, -1] &= tokens[:, -1] != translator.forced_eos_id
-    return mask
 
 
 def _flat_grad(loss: torch.Tensor, params: list[torch.Tensor]) -> torch.Tensor:

@@ -67,11 +67,7 @@ def sample(translator, src: list[str], k: int, gen: GenerationConfig, enc: dict 
     # eos_token_id passed explicitly: a rollout must end at </s> (the reference PPO code had -1 here).
     sequences = translator.generate_ids(enc["input_ids"], enc["attention_mask"], gen, num_return_sequences=k,
                                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)  # [B, T+1]
-    tokens = sequences[:, 1:]
-    mask = eos_mask(tokens, tok.eos_token_id, tok.pad_token_id, n_forced=1)
-    if translator.forced_eos_id is not None and tokens.shape[1] == gen.max_new_tokens:
-        # The last of max_new_tokens positions holds the forced </s> of every row that got there.
-        mask[:, -1] &= tokens[:, -1] != translator.forced_eos_id
+    mask = action_mask(translator, sequences, gen.max_new_tokens)
     return Samples(
         src=[s for s in src for _ in range(k)],
         hyps=translator.decode(sequences) if decode else None,
@@ -82,6 +78,17 @@ def sample(translator, src: list[str], k: int, gen: GenerationConfig, enc: dict 
         temperature=gen.temperature,
         suppress=torch.tensor(translator.suppressed_ids, dtype=torch.long, device=sequences.device),
     )
+
+
+def action_mask(translator, sequences: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+    """``[B, T]`` the policy's actions among ``sequences[:, 1:]`` (``Samples.mask``)."""
+    tok = translator.tokenizer
+    tokens = sequences[:, 1:]
+    mask = eos_mask(tokens, tok.eos_token_id, tok.pad_token_id, n_forced=1)
+    if translator.forced_eos_id is not None and tokens.shape[1] == max_new_tokens:
+        # The last of max_new_tokens positions holds the forced </s> of every row that got there.
+        mask[:, -1] &= tokens[:, -1] != translator.forced_eos_id
+    return mask
 
 
 def mono_sources(batch: Batch) -> list[str]:
