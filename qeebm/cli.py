@@ -95,6 +95,8 @@ def cmd_demo(args: argparse.Namespace) -> None:
 
     systems = [s.strip() for s in args.systems.split(",")] if args.systems else None
     known = default_systems()
+    if systems == ["all"]:
+        systems = known
     unknown = [s for s in systems or [] if s not in known]
     if unknown:
         raise QeebmError(f"--systems: unknown {', '.join(unknown)}; choose from {', '.join(known)}")
@@ -351,7 +353,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, help="continuation steps per system at most (default 400; --quick: 4)")
     p.add_argument("--base", choices=["nllb", "mbart"], default="nllb",
                    help="the base translator SFT's plateau starts from (default nllb: the tiny M2M100)")
-    p.add_argument("--systems", help="comma-separated subset of the systems (default: every one with a tiny recipe)")
+    p.add_argument("--systems", help="comma-separated systems, or 'all' (default: the demo's six: "
+                   "sft, qe-ebm-static, reinforce, dpo, qe-ebm-oracle, reinforce-chrf)")
     p.add_argument("--train-plateau", action="store_true",
                    help="train SFT's plateau even where the shipped one (seed 42, the NLLB-style base) is it (11 min)")
     p.set_defaults(func=cmd_demo)
