@@ -38,6 +38,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import tempfile
 from importlib import metadata
 from pathlib import Path
@@ -419,9 +420,21 @@ def write_report(path, report: dict) -> Path:
 
 def config_id(config: dict, ignore: Sequence[str] = ("seed", "output", "logging")) -> str:
     """A short hash of a training config with the top-level keys that differ between seeds of one
-    experiment (the seed, where it is written, how it is logged) left out. A config saved before
+    experiment (the seed, where it is written, how it is logged) left out. A path that names the
+    run's own seed (``.../plateau-seed231/best``: each seed continues its own SFT plateau under the
+    tiny world's protocol v3) hashes with the seed left out of it too. A config saved before
     ``<method>.sampling`` existed hashes as its upgraded form, so its runs group with newer ones."""
-    kept = {k: v for k, v in upgrade_keys(config, warn=False).items() if k not in ignore}
+    seed = config.get("seed")
+    own = re.compile(rf"seed{seed}(?![0-9])") if isinstance(seed, int) else None
+
+    def unseeded(value):
+        if isinstance(value, dict):
+            return {k: unseeded(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [unseeded(v) for v in value]
+        return own.sub("seed{seed}", value) if own is not None and isinstance(value, str) else value
+
+    kept = {k: unseeded(v) for k, v in upgrade_keys(config, warn=False).items() if k not in ignore}
     blob = json.dumps(kept, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

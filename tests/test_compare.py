@@ -544,3 +544,17 @@ def test_a_table_never_mixes_bleu_tokenizations():
     assert "|tok:zh|" in result.sacrebleu_signatures["bleu"]
     assert result.cells["zh"]["bleu"].score == pytest.approx(zh["corpus"]["bleu"]) and zh["corpus"]["bleu"] > 0
     assert result.cells["ref"]["bleu"].score == pytest.approx(100.0)
+
+
+def test_config_id_groups_seeds_that_each_continue_their_own_plateau():
+    from qeebm.report import config_id
+
+    def cfg(seed, start):
+        return {"seed": seed, "model": {"name_or_path": start}, "optim": {"lr": 1e-3}, "output": {"run_dir": f"r{seed}"}}
+
+    # protocol v3: each seed continues its own SFT plateau, at a path that names the seed
+    assert config_id(cfg(42, "runs/t/plateau-seed42/best")) == config_id(cfg(231, "runs/t/plateau-seed231/best"))
+    # another number after "seed", another setting, or a path that merely contains the digits differ
+    assert config_id(cfg(231, "runs/t/plateau-seed2310/best")) != config_id(cfg(231, "runs/t/plateau-seed231/best"))
+    assert config_id(cfg(42, "runs/t/plateau-seed42/best")) != config_id(cfg(42, "runs/u/plateau-seed42/best"))
+    assert config_id(cfg(6, "facebook/nllb-200-distilled-600M")) == config_id(cfg(42, "facebook/nllb-200-distilled-600M"))
