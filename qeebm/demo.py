@@ -271,8 +271,11 @@ def export_plateau(run_dir: Path, world: Path, seed: int, base: str = "nllb", ou
     staging = out.with_name(out.name + ".tmp")
     shutil.rmtree(staging, ignore_errors=True)
     shutil.copytree(run_dir / "best", staging / "best")
-    for name in ("metrics.jsonl", "config.yaml"):
-        shutil.copy(run_dir / name, staging / name)
+    # config.trained.yaml, when there is one: the settings the run was trained with where they differ
+    # from the recipe's only in what training does not read (extra validation metrics).
+    for name in ("metrics.jsonl", "config.yaml", "config.trained.yaml"):
+        if name == "config.yaml" or (run_dir / name).is_file():
+            shutil.copy(run_dir / name, staging / name)
     files = {str(f.relative_to(staging)): sha256_file(f) for f in sorted(staging.rglob("*")) if f.is_file()}
     source = {"seed": seed, "base": base, "inputs": plateau_inputs(world, base), "files": files}
     (staging / "source.json").write_text(json.dumps(source, indent=2, sort_keys=True) + "\n")
