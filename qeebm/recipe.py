@@ -559,7 +559,8 @@ def qe_check(plan: Plan) -> Path:
     the data is prepared first, as the real run would. Returns the report directory."""
     from qeebm.qe.check import run
 
-    prepare_corpus(plan)  # one process: under a launcher only the main one gets here
+    if plan.tiny is None:  # one process: under a launcher only the main one gets here
+        prepare_corpus(plan)
     cfg = next((r.cfg for r in plan.runs if r.system != "sft"), plan.runs[0].cfg)
     out = plan.out / "qe-check" / plan.model
     result = run(cfg.qe.path, cfg.model.name_or_path, cfg.data.dev.path, out, src_lang=cfg.model.src_lang,

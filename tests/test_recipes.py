@@ -380,10 +380,11 @@ def _start_and_signal(cmd: list[str], metrics: Path, sig: int, everyone: bool, e
 
 @pytest.mark.slow
 def test_a_preempted_recipe_exits_0_though_the_launcher_was_signalled(micro_world, tmp_path):
+    # 60 steps (the recipe's epoch budget lifted): long enough that the signal lands mid-run.
     # Every process of the job gets SIGTERM, accelerate's launcher included, which then exits 143.
     out = tmp_path / "out"
     cmd = ["bash", str(RECIPES / "en-mn.sh"), "--tiny", str(micro_world), "--systems", "sft", "--seeds", "1",
-           "--steps", "60", "--out", str(out)]
+           "--steps", "60", "--set", "optim.max_epochs=100", "--out", str(out)]
     run_dir = out / "runs" / "mbart50" / "sft" / "seed42"
     proc, text = _start_and_signal(cmd, run_dir / "metrics.jsonl", signal.SIGTERM, everyone=True)
     assert proc.returncode == 0, text[-3000:]
@@ -413,7 +414,7 @@ def test_sigusr1_to_the_recipe_reaches_both_training_processes(micro_world, tmp_
     out = tmp_path / "out"
     run_dir = out / "runs" / "mbart50" / "sft" / "seed42"
     cmd = ["bash", str(RECIPES / "en-mn.sh"), "--tiny", str(micro_world), "--systems", "sft", "--seeds", "1",
-           "--steps", "60", "--out", str(out), "--accelerate-config", str(tmp_path / "two_cpus.yaml")]
+           "--steps", "60", "--set", "optim.max_epochs=100", "--out", str(out), "--accelerate-config", str(tmp_path / "two_cpus.yaml")]
     proc, text = _start_and_signal(cmd, run_dir / "metrics.jsonl", signal.SIGUSR1, everyone=False)
     assert proc.returncode == 0, text[-3000:]
     stopped = int(re.search(r"preempted by SIGUSR1 after step (\d+) of 60", text).group(1))
