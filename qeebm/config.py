@@ -392,7 +392,25 @@ class PPOConfig:
 
 
 @dataclass
-class QeFinetuneConfig:
+class CandidatesConfig:
+    """The candidates a teacher writes for each source, shared by QE finetuning and preference
+    optimisation: ``num_candidates`` of them, "beam" (the N best of a beam of max(``num_beams``, N))
+    or "sample" (``temperature``, ``top_k``, ``top_p``, ``epsilon``), at most ``max_new_tokens``
+    long; the teacher is refreshed with the translator every ``refresh_every`` steps (0: never)."""
+
+    num_candidates: int = 8
+    candidates: str = "beam"  # beam | sample
+    num_beams: int = 1
+    max_new_tokens: int = 50
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    epsilon: float = 0.0
+    refresh_every: int = 0
+
+
+@dataclass
+class QeFinetuneConfig(CandidatesConfig):
     """QE finetuning (Finkelstein & Freitag 2023, "MBR and QE Finetuning"): loss = alpha * CE(labelled
     batch) + distill_weight * CE(source-only batch, each source's selected pseudo-target), both label-smoothed
     token means like SFT's.
@@ -406,23 +424,14 @@ class QeFinetuneConfig:
     (the highest expected ``utility`` with the candidates as pseudo-references: "chrf" = chrF++, or
     a reference-based COMET checkpoint)."""
 
-    num_candidates: int = 8
-    candidates: str = "beam"  # beam | sample
-    num_beams: int = 1
-    max_new_tokens: int = 50
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    epsilon: float = 0.0
     selection: str = "rerank"  # rerank | mbr
     utility: str = "chrf"  # mbr: chrf, or a reference-based COMET directory / hub id
-    refresh_every: int = 0
     alpha: float = 1.0  # CE weight on the labelled batch; 0 skips its forward pass
     distill_weight: float = 1.0  # CE weight on the selected pseudo-targets
 
 
 @dataclass
-class PreferenceConfig:
+class PreferenceConfig(CandidatesConfig):
     """Preference optimisation on QE-ranked candidates, ``method: dpo`` (Rafailov et al. 2023) or
     ``method: cpo`` (Xu et al. 2024, ALMA-R): loss = alpha * CE(labelled batch) + the preference loss
     (a mean over the step's pairs) + nll_weight * NLL(chosen translations) (a token mean).
@@ -449,16 +458,8 @@ class PreferenceConfig:
     iterative DPO: each round's reference is the policy that wrote its candidates.
     ``alpha``: the labelled CE, as every method keeps it; 0 skips its forward pass."""
 
+    candidates: str = "sample"
     pool: str = "mono"  # mono | labelled | both
-    candidates: str = "sample"  # beam | sample
-    num_candidates: int = 8
-    num_beams: int = 1
-    max_new_tokens: int = 50
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    epsilon: float = 0.0
-    refresh_every: int = 0
     include_reference: bool = False
     beta: float = 0.1
     alpha: float = 1.0

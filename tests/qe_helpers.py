@@ -15,6 +15,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import pytest
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
@@ -169,3 +171,20 @@ def world_quality_triples(pairs, seed: int = 0, per_source: int = 3):
         for mt in dict.fromkeys(mts):
             out.append((p.src, mt, p.tgt, chrf.sentence_score(mt, [p.tgt]).score / 100))
     return out
+
+
+class LengthScorer:
+    """Longer translations score higher: distinct, easy to recompute scores."""
+
+    kind = "kiwi"
+
+    def score(self, src, mt):
+        return [float(len(m)) for m in mt]
+
+
+@pytest.fixture
+def length_scorer(monkeypatch):
+    """Every method's QE is a LengthScorer."""
+    from qeebm.methods import common
+
+    monkeypatch.setattr(common, "build_scorer", lambda cfg, device: LengthScorer())

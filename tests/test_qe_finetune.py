@@ -13,6 +13,7 @@ import torch
 from accelerate.utils import set_seed
 from transformers import AutoModelForSeq2SeqLM
 
+from qe_helpers import length_scorer  # noqa: F401 (a fixture)
 from ddp_parity import assert_identical, make_config, read_metrics, write_tiny_world_with_mono
 from qeebm import checkpoint as ckpt
 from qeebm.config import GenerationConfig
@@ -37,19 +38,6 @@ def world(tmp_path_factory) -> dict:
 def config(world, run_dir: Path, *overrides: str):
     return make_config(world["base"], run_dir, *SMALL, f"qe.path={world['kiwi']}", *overrides)
 
-
-class LengthScorer:
-    """Longer translations score higher: distinct, easy to recompute scores."""
-
-    kind = "kiwi"
-
-    def score(self, src, mt):
-        return [float(len(m)) for m in mt]
-
-
-@pytest.fixture
-def length_scorer(monkeypatch):
-    monkeypatch.setattr(common, "build_scorer", lambda cfg, device: LengthScorer())
 
 
 def build(cfg):
