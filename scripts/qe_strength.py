@@ -1,28 +1,25 @@
-"""How good must the QE be? QE-EBM static and REINFORCE against QEs of every strength, from SFT's plateau.
+"""How strong must the QE be? Each method's gain over SFT against the strength of what it trains on.
 
-    python scripts/qe_strength.py --world data/tinyworld --out runs/qe-strength
+    qeebm demo --seeds 3 --systems all --runs runs/tables     # the three-seed tables, first
+    python scripts/qe_strength.py --tables runs/tables --out runs/qe-strength
 
-A low-resource user's CometKiwi is weaker on their language than on German; nobody has measured what
-that costs a method trained against it. Under protocol v3 (``qeebm/demo.py``, seed 42: every run
-continues from SFT's plateau for the same budget, with its tuned recipe), SFT is continued once and
-QE-EBM static and REINFORCE once against each QE the world ships, from the weakest to an oracle:
-``qe/kiwi-weak``, ``qe/kiwi-medium`` and ``qe/kiwi-v1`` (the same tiny Kiwi trained on 5%, 20% and all
-of the first judged rows), ``qe/kiwi`` (the first one trained further on converged systems' outputs),
-and ``qe/comet``, the reference-based COMET reading each pool sentence's true reference (the oracle).
-Each QE's strength is measured where the methods use it: ``qeebm qe-check`` on the plateau
-translator's own samples of the dev sentences (8 a sentence), the mean within-source Spearman
-correlation with sentence chrF++ (``OUT/qe-check/QE``). Every run's checkpoint is selected on dev
-chrF++ (no QE picks its own favourite); the test set is decoded with beam 5 and scored with BLEU,
-chrF++ and the held-out judge. Writes ``OUT/qe_strength.md`` (the table), ``OUT/qe_strength.json``
-and ``OUT/qe_strength.png`` (the gain over SFT against the QE's within-source correlation).
+Protocol v3's tables train three methods against signals of three strengths: QE-EBM static, REINFORCE
+and DPO against the tiny CometKiwi (``qe/kiwi``, the realistic rows) and against the reference-based
+COMET reading each pool sentence's true reference (``qe/comet``, the oracle rows), and REINFORCE
+against sentence chrF++ itself. A signal's strength is measured where the methods use it: ``qeebm
+qe-check`` on the seed-42 plateau translator's own samples of the dev sentences (8 a sentence), the
+mean within-source Spearman correlation with sentence chrF++ (1 for chrF++ itself). A system's gain
+is its three-seed mean difference to SFT continued on the test set, checkpoints selected on dev
+chrF++ (the tables' ``comparison-chrf``), with the sd over seeds. Writes ``OUT/qe_strength.md``,
+``OUT/qe_strength.json`` and ``OUT/qe_strength.png``; the qe-check reports go to ``OUT/qe-check/QE``.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import sys
-import time
 from pathlib import Path
 
 try:
@@ -30,90 +27,45 @@ try:
 except ImportError:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from qeebm.demo import budget, plateau_start, run_jobs, run_overrides, tiny_recipe, train_plateaus
 from qeebm.entry import setup_process
 
-QES = ("kiwi-weak", "kiwi-medium", "kiwi-v1", "kiwi", "comet")
-METHODS = ("qe-ebm-static", "reinforce")
-SEED = 42
-# A reference-based QE reads each pool sentence's reference.
-REFERENCE_BASED = {"comet"}
+# system -> (method, the signal it trains on)
+SYSTEMS = {
+    "qe-ebm-static": ("QE-EBM static", "kiwi"), "qe-ebm-oracle": ("QE-EBM static", "comet"),
+    "reinforce": ("REINFORCE", "kiwi"), "reinforce-oracle": ("REINFORCE", "comet"), "reinforce-chrf": ("REINFORCE", "chrf"),
+    "dpo": ("DPO", "kiwi"), "dpo-oracle": ("DPO", "comet"),
+}
+METRICS = {"bleu": "BLEU", "chrf": "chrF++", "judge": "judge x100"}
 
 
-def evaluate(run_dir: Path, world: Path) -> dict:
-    import torch
-
-    from qeebm.evaluate import MetricSpec, evaluate_run
-
-    torch.set_num_threads(1)
-    spec = MetricSpec.tinyworld(world)
-    report, _ = evaluate_run(run_dir, metrics=spec, checkpoint="best-chrf", split="test-best-chrf")
-    return {m: report["corpus"][m] for m in ("bleu", "chrf", "judge")}
-
-
-def strength(world: Path, translator: Path, qe: str, out: Path) -> dict:
-    """qe-check's ranking of the QE on the translator's own samples (run once, then read back)."""
+def strength(world: Path, translator: Path, signal: str, out: Path) -> float:
+    """The signal's within-source Spearman with sentence chrF++ on the translator's samples (qe-check,
+    run once and then read back); chrF++ itself is 1."""
+    if signal == "chrf":
+        return 1.0
     from qeebm.qe.check import run
 
     path = out / "qe_check.json"
     if not path.is_file():
-        run(str(world / "qe" / qe), str(translator), str(world / "data" / "dev.tsv"), out, seed=0)
-    ranking = json.loads(path.read_text())["measurements"]["ranking"]["chrf"]
-    return {"within_spearman": ranking["within_source_spearman"], "within_se": ranking["within_source_spearman_se"],
-            "pearson": ranking["pearson"]}
+        run(str(world / "qe" / signal), str(translator), str(world / "data" / "dev.tsv"), out, seed=0)
+    return json.loads(path.read_text())["measurements"]["ranking"]["chrf"]["within_source_spearman"]
 
 
-def main(argv=None) -> int:
-    setup_process()
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--world", default="data/tinyworld", help="a built tiny world (default %(default)s)")
-    p.add_argument("--out", default="runs/qe-strength", help="output directory (default %(default)s)")
-    args = p.parse_args(argv)
-    world, out, b = Path(args.world), Path(args.out), budget(quick=False)
-    missing = [q for q in QES if not (world / "qe" / q).is_dir()]
-    if missing:
-        print(f"error: {world / 'qe'} has no {', '.join(missing)} (the default world ships them)", file=sys.stderr)
-        return 2
-    start = time.perf_counter()
-    plateau = out / "plateau"
-    train_plateaus({SEED: plateau}, world, b)
-    begin = plateau_start(plateau)
-    runs = {("sft", "-"): out / "sft"} | {(m, q): out / f"{m}-{q}" for m in METHODS for q in QES}
-    jobs = []
-    for (m, q), d in runs.items():
-        overrides = run_overrides(m, world, d, b, SEED, begin) + ["eval.metric=chrf", "eval.also_best=[chrf]"]
-        if q != "-":
-            overrides.append(f"qe.path={world / 'qe' / q}")
-        if q in REFERENCE_BASED:
-            overrides.append(f"data.mono.path={world / 'data' / 'mono_ref.tsv'}")
-        jobs.append((f"{m}/{q}", tiny_recipe(m), overrides))
-    run_jobs(jobs)
-    measured = {q: strength(world, begin, q, out / "qe-check" / q) for q in QES}
-    scores = {key: evaluate(d, world) for key, d in runs.items()}
-    sft = scores[("sft", "-")]
-    rows = []
-    for m in METHODS:
-        for q in QES:
-            s = scores[(m, q)]
-            rows.append({"method": m, "qe": q, **measured[q], **s, "gain_bleu": s["bleu"] - sft["bleu"],
-                         "gain_chrf": s["chrf"] - sft["chrf"], "gain_judge": 100 * (s["judge"] - sft["judge"])})
-    png = plot(rows, out)
-    lines = [f"QE strength: seed 42, protocol v3 ({b['steps']} steps from SFT's plateau), checkpoints selected on dev "
-             f"chrF++; test set, beam 5. SFT continued: BLEU {sft['bleu']:.2f}, chrF++ {sft['chrf']:.2f}, judge x100 "
-             f"{100 * sft['judge']:.2f}. A QE's strength: its within-source Spearman with sentence chrF++ on the plateau's "
-             "own samples of the dev sentences (qeebm qe-check).", "",
-             "| method | QE | within-source Spearman (se) | BLEU | chrF++ | judge x100 | BLEU - SFT | chrF++ - SFT | judge - SFT |",
-             "|:--|:--|--:|--:|--:|--:|--:|--:|--:|"]
-    for r in rows:
-        lines.append(f"| {r['method']} | {r['qe']} | {r['within_spearman']:.3f} ({r['within_se']:.3f}) | {r['bleu']:.2f} | "
-                     f"{r['chrf']:.2f} | {100 * r['judge']:.2f} | {r['gain_bleu']:+.2f} | {r['gain_chrf']:+.2f} | "
-                     f"{r['gain_judge']:+.2f} |")
-    lines += ["", f"Plot: {png}. Wall time {time.perf_counter() - start:.0f} s (one seed: differences of a few tenths are noise)."]
-    text = "\n".join(lines) + "\n"
-    (out / "qe_strength.md").write_text(text, encoding="utf-8")
-    (out / "qe_strength.json").write_text(json.dumps({"sft": sft, "rows": rows}, indent=2) + "\n", encoding="utf-8")
-    print(text)
-    return 0
+def gains(comparison_csv: Path) -> dict:
+    """system -> metric -> (mean difference to the baseline, sd over seeds of the per-seed differences)."""
+    rows = list(csv.DictReader(comparison_csv.open(encoding="utf-8")))
+    per_seed = {(r["system"], r["metric"]): dict(zip(r["seeds"].split(), (float(s) * float(r["scale"]) for s in r["seed_scores"].split())))
+                for r in rows}
+    baseline = next(r["system"] for r in rows if not r["delta"])
+    out = {}
+    for (system, metric), scores in per_seed.items():
+        if system in SYSTEMS and metric in METRICS:
+            base = per_seed[(baseline, metric)]
+            diffs = [score - base[seed] for seed, score in scores.items()]
+            mean = sum(diffs) / len(diffs)
+            sd = (sum((d - mean) ** 2 for d in diffs) / (len(diffs) - 1)) ** 0.5 if len(diffs) > 1 else 0.0
+            out.setdefault(system, {})[metric] = (mean, sd)
+    return out
 
 
 def plot(rows: list[dict], out: Path) -> Path:
@@ -122,18 +74,18 @@ def plot(rows: list[dict], out: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
-    for method in METHODS:
-        mine = sorted((r for r in rows if r["method"] == method), key=lambda r: r["within_spearman"])
-        for ax, key, title in zip(axes, ("gain_bleu", "gain_chrf", "gain_judge"),
-                                  ("BLEU - SFT", "chrF++ - SFT", "held-out judge x100 - SFT")):
-            ax.plot([r["within_spearman"] for r in mine], [r[key] for r in mine], marker="o", label=method)
+    fig, axes = plt.subplots(1, len(METRICS), figsize=(14, 4))
+    for method in dict.fromkeys(r["method"] for r in rows):
+        mine = sorted((r for r in rows if r["method"] == method), key=lambda r: r["strength"])
+        for ax, (key, title) in zip(axes, METRICS.items()):
+            ax.errorbar([r["strength"] for r in mine], [r[key] for r in mine], yerr=[r[f"{key}_sd"] for r in mine],
+                        marker="o", capsize=3, label=method)
             for r in mine:
-                ax.annotate(r["qe"], (r["within_spearman"], r[key]), fontsize=7, alpha=0.7)
-            ax.set_title(title)
+                ax.annotate(r["signal"], (r["strength"], r[key]), fontsize=7, alpha=0.7)
+            ax.set_title(f"{title}: difference to SFT continued")
     for ax in axes:
         ax.axhline(0, color="grey", lw=0.8)
-        ax.set_xlabel("the trained-on QE's within-source Spearman with chrF++")
+        ax.set_xlabel("the signal's within-source Spearman with chrF++")
         ax.grid(alpha=0.3)
     axes[0].legend()
     fig.tight_layout()
@@ -141,6 +93,50 @@ def plot(rows: list[dict], out: Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def main(argv=None) -> int:
+    setup_process()
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--tables", required=True, help="the runs directory of `qeebm demo --seeds 3 --systems all`")
+    p.add_argument("--world", default="data/tinyworld", help="the tiny world the tables were trained in (default %(default)s)")
+    p.add_argument("--out", default="runs/qe-strength", help="output directory (default %(default)s)")
+    args = p.parse_args(argv)
+    tables, world, out = Path(args.tables), Path(args.world), Path(args.out)
+    comparison = tables / "comparison-chrf" / "comparison.csv"
+    translator = tables / "plateau-seed42" / "best"
+    for needed in (comparison, translator):
+        if not needed.exists():
+            print(f"error: {needed} is missing: run `qeebm demo --seeds 3 --systems all --runs {tables}` first", file=sys.stderr)
+            return 2
+    measured = gains(comparison)
+    missing = sorted(set(SYSTEMS) - set(measured))
+    if missing:
+        print(f"error: {comparison} has no {', '.join(missing)}: the tables need every system (--systems all)", file=sys.stderr)
+        return 2
+    strengths = {s: strength(world, translator, s, out / "qe-check" / s) for s in dict.fromkeys(v[1] for v in SYSTEMS.values())}
+    rows = []
+    for system, (method, signal) in SYSTEMS.items():
+        row = {"system": system, "method": method, "signal": signal, "strength": strengths[signal]}
+        for key, (mean, sd) in measured[system].items():
+            row |= {key: mean, f"{key}_sd": sd}
+        rows.append(row)
+    png = plot(rows, out)
+    lines = ["Gain over SFT continued (test set, three seeds, checkpoints selected on dev chrF++; mean difference "
+             "and sd over seeds) against the trained-on signal's within-source Spearman with sentence chrF++ on "
+             "the plateau translator's own samples of the dev sentences (qeebm qe-check).", "",
+             "| method | signal | within-source Spearman | " + " | ".join(f"{t} - SFT" for t in METRICS.values()) + " |",
+             "|:--|:--|--:|" + "--:|" * len(METRICS)]
+    for r in rows:
+        cells = " | ".join(f"{r[k]:+.2f} (sd {r[f'{k}_sd']:.2f})" for k in METRICS)
+        lines.append(f"| {r['method']} | {r['signal']} | {r['strength']:.3f} | {cells} |")
+    lines += ["", f"Plot: {png}."]
+    text = "\n".join(lines) + "\n"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "qe_strength.md").write_text(text, encoding="utf-8")
+    (out / "qe_strength.json").write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
+    print(text)
+    return 0
 
 
 if __name__ == "__main__":

@@ -62,3 +62,22 @@ def test_every_knob_is_a_key_of_its_methods_recipe(name):
     cfg = load_config(CONFIGS / tiny_recipe(name), [f"{knob}={values[-1]:g}"])
     section, key = knob.split(".")
     assert getattr(getattr(cfg, section), key) == values[-1]
+
+
+def test_qe_strength_pairs_each_seed_with_the_baselines_same_seed(tmp_path):
+    spec = importlib.util.spec_from_file_location("qe_strength", Path(__file__).resolve().parents[1] / "scripts" / "qe_strength.py")
+    qe_strength = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(qe_strength)
+    header = "system,seeds,metric,scale,score,delta,seed_scores\n"
+    rows = ["sft,42 6,chrf,1.0,50.0,,50.0 49.0", "sft,42 6,judge,100.0,0.4,,0.40 0.42",
+            # seeds listed in another order: the differences are 51 - 50 and 52 - 49
+            "reinforce,6 42,chrf,1.0,51.5,1.5,52.0 51.0", "reinforce,6 42,judge,100.0,0.41,0.01,0.43 0.41",
+            "ppo,42 6,chrf,1.0,40.0,-10.0,40.0 40.0"]
+    path = tmp_path / "comparison.csv"
+    path.write_text(header + "\n".join(rows) + "\n")
+    got = qe_strength.gains(path)
+    assert set(got) == {"reinforce"}  # a system without a signal in SYSTEMS is left out
+    mean, sd = got["reinforce"]["chrf"]
+    assert mean == pytest.approx(2.0) and sd == pytest.approx(2 ** 0.5)
+    mean, sd = got["reinforce"]["judge"]
+    assert mean == pytest.approx(1.0) and sd == pytest.approx(0.0, abs=1e-9)
