@@ -54,8 +54,8 @@ def strength(world: Path, translator: Path, signal: str, out: Path) -> float:
 def gains(comparison_csv: Path) -> dict:
     """system -> metric -> (mean difference to the baseline, sd over seeds of the per-seed differences)."""
     rows = list(csv.DictReader(comparison_csv.open(encoding="utf-8")))
-    per_seed = {(r["system"], r["metric"]): dict(zip(r["seeds"].split(), (float(s) * float(r["scale"]) for s in r["seed_scores"].split())))
-                for r in rows}
+    # seed_scores are in the table's units (COMET-family scores x100).
+    per_seed = {(r["system"], r["metric"]): dict(zip(r["seeds"].split(), map(float, r["seed_scores"].split()))) for r in rows}
     baseline = next(r["system"] for r in rows if not r["delta"])
     out = {}
     for (system, metric), scores in per_seed.items():

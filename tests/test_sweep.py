@@ -69,9 +69,9 @@ def test_qe_strength_pairs_each_seed_with_the_baselines_same_seed(tmp_path):
     qe_strength = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(qe_strength)
     header = "system,seeds,metric,scale,score,delta,seed_scores\n"
-    rows = ["sft,42 6,chrf,1.0,50.0,,50.0 49.0", "sft,42 6,judge,100.0,0.4,,0.40 0.42",
+    rows = ["sft,42 6,chrf,1.0,50.0,,50.0 49.0", "sft,42 6,judge,100.0,41.0,,40.0 42.0",
             # seeds listed in another order: the differences are 51 - 50 and 52 - 49
-            "reinforce,6 42,chrf,1.0,51.5,1.5,52.0 51.0", "reinforce,6 42,judge,100.0,0.41,0.01,0.43 0.41",
+            "reinforce,6 42,chrf,1.0,51.5,1.5,52.0 51.0", "reinforce,6 42,judge,100.0,42.0,1.0,43.0 41.0",
             "ppo,42 6,chrf,1.0,40.0,-10.0,40.0 40.0"]
     path = tmp_path / "comparison.csv"
     path.write_text(header + "\n".join(rows) + "\n")
