@@ -230,7 +230,7 @@ def test_ddp_parity(base, tmp_path):
     val = {name: [r["val/loss"] for r in records if "val/loss" in r] for name, records in val.items()}
     assert len(val["one"]) == 2 and val["two"] == pytest.approx(val["one"], rel=1e-4)
     one, two = final_weights(tmp_path / "one"), final_weights(tmp_path / "two")
-    # The README quotes these (pytest -s -k ddp_parity).
+    # docs/training.md quotes these (pytest -s -k ddp_parity).
     loss_gap = max(abs(a - b) / abs(a) for a, b in zip(curve["one"], curve["two"]))
     weight_gap = max((two[k] - one[k]).abs().max().item() for k in one)
     print(f"\nddp parity over 20 steps: loss curves {loss_gap:.1e} relative, weights {weight_gap:.1e} absolute")
