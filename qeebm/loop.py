@@ -124,7 +124,8 @@ def train(cfg: Config) -> TrainResult:
         # The source-only pool gets its own stream (another seed), as pure in the step as the labelled one.
         mono = load_mono(cfg, translator, method.needs_reference) if method.needs_mono else None
         mono_sampler = StepSampler(len(mono.src), o.batch_size, cfg.seed + 1) if mono is not None else None
-        metrics_log = MetricsLog(run_dir, cfg, accelerator, start_step=state.step)
+        # A fresh start keeps none of an earlier attempt's records (it validates step 0 again).
+        metrics_log = MetricsLog(run_dir, cfg, accelerator, start_step=state.step if resume_from is not None else -1)
         log.info("backend %s", accelerator.distributed_type.name)
         if cfg.logging.diagnostics and deepspeed_engine(accelerator) is not None and accelerator.is_main_process:
             log.warning("logging.diagnostics is off under DeepSpeed: %s", EXTRA_GRADIENT_PASSES)
@@ -616,7 +617,8 @@ def tracker_config(cfg) -> dict:
 class MetricsLog:
     """metrics.jsonl (one JSON object per line) and the trackers of ``logging.report_to`` (through
     accelerate), written by the main process only. On resume, records past the checkpoint's step
-    are dropped (TensorBoard: purged) so the curves never hold a step twice."""
+    (``start_step``; -1 for a fresh start, which keeps none) are dropped (TensorBoard: purged) so
+    the curves never hold a step twice."""
 
     def __init__(self, run_dir: Path, cfg, accelerator, start_step: int):
         self.active = accelerator.is_main_process

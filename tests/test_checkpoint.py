@@ -4,6 +4,7 @@ that resume would trust, and a run directory refuses to continue under a differe
 from __future__ import annotations
 
 import errno
+import json
 import random
 from pathlib import Path
 
@@ -46,6 +47,16 @@ def test_interrupted_run_resumes_exactly(base, tmp_path):
     assert [r["loss"] for r in a] == [r["loss"] for r in b]
     state = ckpt.read_state(ckpt.step_dir(tmp_path / "B" / "checkpoints", 6))
     assert state["step"] == 6 and [v["step"] for v in state["validations"]] == [2, 3, 4, 6]
+
+
+def test_a_fresh_start_keeps_no_record_of_an_attempt_killed_before_its_first_checkpoint(base, tmp_path):
+    # The attempt validated at step 0 and logged a step, then died with no checkpoint to resume from.
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"step": 0, "val/chrf": 99.0}\n{"step": 1, "loss": 99.0}\n')
+    train(make_config(base, run, "eval.every=2", "eval.at_start=true", "optim.max_steps=2"))
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [0, 1, 2, 2] and 99.0 not in [v for r in records for v in r.values()]
 
 
 @pytest.mark.parametrize("failure", [RuntimeError("disk full"), OSError(errno.ENOSPC, "No space left on device"),
