@@ -3,8 +3,8 @@
     python scripts/sweep.py --world data/tinyworld --out runs/sweep --test   # docs/results.md
 
 Every setting is trained under the demo's protocol (``qeebm/demo.py``: ``budget`` and
-``run_overrides``; seed 42), continuing from the same SFT plateau (``--plateau``, trained first when
-absent): four learning rates for SFT continued, which has nothing else to tune; for every other
+``run_overrides``; seed 42), continuing from the same SFT plateau (``--plateau``; by default the one the
+default world ships for seed 42, or trained first): four learning rates for SFT continued, which has nothing else to tune; for every other
 system SFT's best learning rate (times each of ``--lr-factors``, default 1 alone; PPO also divided
 by its 8 optimiser updates per step) with three values of the system's own knob (PPO: two, at each
 of its two learning rates): the energy's weight rho for QE-EBM (relative weighting),
@@ -36,7 +36,7 @@ except ImportError:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from qeebm.config import SEEDS
-from qeebm.demo import (budget, default_systems, evaluate_and_compare, plateau_overrides, plateau_start, run_jobs,
+from qeebm.demo import (budget, default_systems, evaluate_and_compare, plateau_start, train_plateaus,
                         train_runs)
 from qeebm.entry import setup_process
 from qeebm.runlog import best_validation
@@ -98,7 +98,7 @@ def main(argv=None) -> int:
     p.add_argument("--world", default="data/tinyworld", help="a built tiny world (default %(default)s)")
     p.add_argument("--out", default="runs/sweep", help="output directory (default %(default)s)")
     p.add_argument("--methods", default=",".join(default_systems()), help="which systems (default: %(default)s)")
-    p.add_argument("--plateau", help="SFT's plateau run to continue from (default OUT/plateau, trained if absent)")
+    p.add_argument("--plateau", help="SFT's plateau run to continue from (default OUT/plateau: the shipped one for the default world, else trained)")
     p.add_argument("--metric", default="chrf", choices=["kiwi", "chrf"], help="what picks the winner (default %(default)s)")
     p.add_argument("--base", default="nllb", choices=["nllb", "mbart"])
     p.add_argument("--lr-factors", default="1",
@@ -114,7 +114,7 @@ def main(argv=None) -> int:
     world, out, b = Path(args.world), Path(args.out), budget(quick=False)
     start = time.perf_counter()
     plateau = Path(args.plateau) if args.plateau else out / "plateau"
-    run_jobs([("plateau", "tiny_plateau.yaml", plateau_overrides(world, plateau, b, SEEDS[0], args.base))])
+    train_plateaus({SEEDS[0]: plateau}, world, b, args.base)  # the shipped one where it is that plateau
     begin = plateau_start(plateau)
     # SFT first: the other methods' learning rates are its best and half of it.
     sft_grid = {"sft": grid("sft", 0.0)}
