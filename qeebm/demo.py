@@ -27,6 +27,7 @@ every method is compared at the same continuation budget from that common point:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import multiprocessing
@@ -35,6 +36,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import torch
+import yaml
 
 from qeebm import resources
 from qeebm.config import EXTRA_SYSTEMS, ORACLE_SYSTEMS, SEEDS, SYSTEMS, data_path_overrides
@@ -249,10 +251,6 @@ PLATEAU_INPUTS = ("data/train.tsv", "data/dev.tsv")
 def plateau_inputs(world: Path, base: str) -> dict[str, str]:
     from qeebm.integrity import sha256_file
 
-    import hashlib
-
-    import yaml
-
     files = sorted((world / f"{base}-base").iterdir()) + [world / f for f in PLATEAU_INPUTS]
     # The recipe's settings, not its bytes: a comment edited leaves the plateau what it was.
     recipe = yaml.safe_load((CONFIGS / "tiny_plateau.yaml").read_text(encoding="utf-8"))
@@ -273,9 +271,9 @@ def export_plateau(run_dir: Path, world: Path, seed: int, base: str = "nllb", ou
     shutil.copytree(run_dir / "best", staging / "best")
     # config.trained.yaml, when there is one: the settings the run was trained with where they differ
     # from the recipe's only in what training does not read (extra validation metrics).
-    for name in ("metrics.jsonl", "config.yaml", "config.trained.yaml"):
-        if name == "config.yaml" or (run_dir / name).is_file():
-            shutil.copy(run_dir / name, staging / name)
+    optional = [name for name in ("config.trained.yaml",) if (run_dir / name).is_file()]
+    for name in ("metrics.jsonl", "config.yaml", *optional):
+        shutil.copy(run_dir / name, staging / name)
     files = {str(f.relative_to(staging)): sha256_file(f) for f in sorted(staging.rglob("*")) if f.is_file()}
     source = {"seed": seed, "base": base, "inputs": plateau_inputs(world, base), "files": files}
     (staging / "source.json").write_text(json.dumps(source, indent=2, sort_keys=True) + "\n")

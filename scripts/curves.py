@@ -22,17 +22,23 @@ except ImportError:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from qeebm.config import EXTRA_SYSTEMS, ORACLE_SYSTEMS, SEEDS, SYSTEMS
-from qeebm.runlog import read_metrics
+from qeebm.runlog import validations
 
 PANELS = {"realistic rows (trained against the tiny Kiwi)": (*SYSTEMS, *EXTRA_SYSTEMS),
           "positive control (an energy or reward that knows the reference)": ("sft", *ORACLE_SYSTEMS)}
 
 
-def validations(run_dir: Path, key: str) -> dict[int, float]:
-    return {r["step"]: r[key] for r in read_metrics(run_dir) if key in r}
+def curves(runs: Path, key: str) -> dict[str, list[dict[int, float]]]:
+    """system -> one ``{step: value}`` per seed that has a run (a step logged twice: its later record)."""
+    out = {}
+    for system in dict.fromkeys(s for systems in PANELS.values() for s in systems):
+        dirs = [d for d in (runs / f"{system}-seed{seed}" for seed in SEEDS) if (d / "metrics.jsonl").is_file()]
+        if dirs:
+            out[system] = [{r["step"]: r[key] for r in validations(d, key)} for d in dirs]
+    return out
 
 
-def plot(runs: Path, key: str, out: Path) -> Path:
+def plot(measured: dict[str, list[dict[int, float]]], key: str, out: Path) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -40,14 +46,12 @@ def plot(runs: Path, key: str, out: Path) -> Path:
 
     fig, axes = plt.subplots(1, len(PANELS), figsize=(14, 4.5), sharey=True)
     for ax, (title, systems) in zip(axes, PANELS.items()):
-        for system in systems:
-            curves = [validations(d, key) for d in (runs / f"{system}-seed{s}" for s in SEEDS) if (d / "metrics.jsonl").is_file()]
-            if not curves:
-                continue
-            steps = sorted(set.intersection(*(set(c) for c in curves)))
-            values = [[c[s] for c in curves] for s in steps]
+        for system in (s for s in systems if s in measured):
+            seeds = measured[system]
+            steps = sorted(set.intersection(*(set(c) for c in seeds)))
+            values = [[c[s] for c in seeds] for s in steps]
             mean = [sum(v) / len(v) for v in values]
-            line, = ax.plot(steps, mean, marker=".", label=f"{system} ({len(curves)} seeds)",
+            line, = ax.plot(steps, mean, marker=".", label=f"{system} ({len(seeds)} seeds)",
                             color="black" if system == "sft" else None)
             ax.fill_between(steps, [min(v) for v in values], [max(v) for v in values], color=line.get_color(), alpha=0.12)
         ax.set_title(title, fontsize=10)
@@ -74,18 +78,16 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 2
     out.mkdir(parents=True, exist_ok=True)
-    for key in args.keys.split(","):
-        print(plot(runs, key, out))
+    measured = {key: curves(runs, key) for key in args.keys.split(",")}
+    for key, by_system in measured.items():
+        print(plot(by_system, key, out))
     print("\n| system | step of the best dev chrF++ (seeds " + " / ".join(map(str, SEEDS)) + ") | best - start | last - best |")
     print("|:--|:--|:--|:--|")
-    for system in dict.fromkeys(s for systems in PANELS.values() for s in systems):
+    for system, seeds in (measured.get("val/chrf") or curves(runs, "val/chrf")).items():
         cells = []
-        for seed in SEEDS:
-            v = validations(runs / f"{system}-seed{seed}", "val/chrf") if (runs / f"{system}-seed{seed}" / "metrics.jsonl").is_file() else {}
-            if v:
-                best = max(v, key=v.get)
-                first, last = min(v), max(v)
-                cells.append((str(best), f"{v[best] - v[first]:+.2f}", f"{v[last] - v[best]:+.2f}"))
+        for v in (v for v in seeds if v):
+            best = max(v, key=v.get)
+            cells.append((str(best), f"{v[best] - v[min(v)]:+.2f}", f"{v[max(v)] - v[best]:+.2f}"))
         if cells:
             print(f"| {system} | " + " | ".join(" / ".join(c[i] for c in cells) for i in range(3)) + " |")
     return 0
