@@ -176,8 +176,9 @@ def build_parser() -> argparse.ArgumentParser:
         "build-top",
         help="give a built world QEs that see the top of the quality range (docs/tinyworld.md)",
         description="Train converged systems and QE-trained systems from them on the world's QE split, judge "
-        "their outputs, and train the world's kiwi and judge further on them (the first ones are kept as "
-        "kiwi-v1 and judge-v1); qe/qe_report.json gains every QE's top-range correlations. A full "
+        "their outputs, train the world's kiwi further on them and its held-out judge (a reference-based "
+        "tiny COMET) on its shard's (the first ones are kept as kiwi-v1 and judge-v1); qe/qe_report.json "
+        "gains every QE's top-range correlations. A full "
         "`tinyworld build --qe build` runs this stage itself.")
     t.add_argument("dir", help="a built tiny world (e.g. data/tinyworld)")
     t.add_argument("--size", choices=["default", "micro"], default="default", help="the world's size (default %(default)s)")

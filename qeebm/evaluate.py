@@ -76,8 +76,9 @@ class MetricSpec:
 
     @classmethod
     def tinyworld(cls, world: Union[str, Path], **overrides) -> "MetricSpec":
-        """The tiny world's estimators: comet = qe/comet, kiwi = qe/kiwi, judge = qe/judge. It has
-        no XCOMET, so there is none unless ``xcomet=`` names one."""
+        """The tiny world's estimators: comet = qe/comet, kiwi = qe/kiwi, judge = qe/judge (a
+        reference-based COMET of another seed, size and data shard). It has no XCOMET, so there is
+        none unless ``xcomet=`` names one."""
         qe = Path(world) / "qe"
         values = dict(comet=str(qe / "comet"), kiwi=str(qe / "kiwi"), xcomet=None,
                       judges={"judge": str(qe / "judge")})

@@ -79,7 +79,8 @@ MODELS = {
 # report key -> model. Every system but SFT optimises kiwi; COMET and XCOMET are the independent
 # checks (compare.py's reward-hacking warning reads each report's trained_on and heldout).
 METRICS = {"comet": "Unbabel/wmt22-comet-da", "kiwi": "Unbabel/wmt22-cometkiwi-da", "xcomet": "Unbabel/XCOMET-XL"}
-# The tiny world has no XCOMET; its held-out judge (another seed and size) is the independent check.
+# The tiny world has no XCOMET; its held-out judge stands in its place: reference-based like XCOMET, of
+# another seed, size and data shard than the tiny COMET.
 TINY_METRICS = {"comet": "qe/comet", "kiwi": "qe/kiwi", "judge": "qe/judge"}
 # The tiny world's language pair stands in for every recipe's.
 TINY_PAIR = ("eng_Latn", "khk_Cyrl")

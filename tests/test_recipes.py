@@ -284,7 +284,7 @@ def test_check_under_accelerate_launch_loads_everything_with_the_launch_s_proces
                  f"ok   files {micro_world / 'data' / 'mono.txt'} (split: mono): read, ",
                  f"ok   qe {micro_world / 'qe' / 'kiwi'} (validation: kiwi; training reward: reinforce, ppo",
                  f"ok   qe {micro_world / 'qe' / 'comet'} (evaluation: comet): loaded, comet, ",
-                 f"ok   qe {micro_world / 'qe' / 'judge'} (evaluation: judge): loaded, kiwi, "):
+                 f"ok   qe {micro_world / 'qe' / 'judge'} (evaluation: judge): loaded, comet, "):
         assert line in out, out
     assert out.count("ok   ") == 2 * 8 and "FAIL" not in out
     assert out.rstrip().endswith("check passed: every model and data set of the plan loads here")

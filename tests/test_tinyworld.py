@@ -37,9 +37,13 @@ def test_micro_world_has_every_artifact(micro_world):
                     "top_range"):
             assert key in report[name], (name, key)
     for name in ("kiwi", "judge"):
-        for key in ("pearson", "spearman", "prefers_reference_over", "top_range", "continued_from"):
+        for key in ("pearson", "spearman", "prefers_reference_over", "top_range"):
             assert key in report[name], (name, key)
-    assert report["judge"]["seed"] != report["kiwi"]["seed"] and report["judge"]["shape"] != report["kiwi"]["shape"]
+    # The held-out judge is of another seed and size than the Kiwi and the COMET, and of another kind
+    # than the Kiwi: reference-based.
+    assert report["kiwi"]["kind"] == "kiwi" and report["judge"]["kind"] == report["comet"]["kind"] == "comet"
+    for other in ("kiwi", "comet"):
+        assert report["judge"]["seed"] != report[other]["seed"] and report["judge"]["shape"] != report[other]["shape"]
 
 
 def test_the_top_range_stage_trains_the_first_qes_further_on_converged_systems(micro_world):
@@ -47,7 +51,9 @@ def test_the_top_range_stage_trains_the_first_qes_further_on_converged_systems(m
     from qeebm.qe.scoring import QEScorer
 
     report = json.loads((micro_world / "qe/qe_report.json").read_text())
-    assert report["kiwi"]["continued_from"] == "kiwi-v1" and report["judge"]["continued_from"] == "judge-v1"
+    assert report["kiwi"]["continued_from"] == "kiwi-v1" and "continued_from" not in report["judge"]
+    judge_rows = (micro_world / "qe/train_judge_top.tsv").read_text(encoding="utf-8").splitlines()[1:]
+    assert report["judge"]["train_examples"] == len(judge_rows) > 0
     # Their judged rows: the plateau run's checkpoints and the QE-trained systems from its end, every
     # decoding, with the same corruptions, degenerations and references as the first rows.
     lines = (micro_world / "qe/train_qe_top.tsv").read_text(encoding="utf-8").splitlines()[1:]
@@ -173,9 +179,9 @@ def test_shipped_qes_are_copied_only_into_a_world_built_from_their_inputs(micro_
     assert json.loads((world / "manifest.json").read_text())["base_test"] == \
         json.loads((micro_world / "manifest.json").read_text())["base_test"]
     src, mt = ["the cat sees a dog.", "i am here."], ["муур нохой харна.", "би энд байна."]
-    for name in ("kiwi", "judge"):
-        assert QEScorer(load_qe(str(world / "qe" / name))).score(src, mt) == \
-            QEScorer(load_qe(str(micro_world / "qe" / name))).score(src, mt)
+    for name, ref in (("kiwi", None), ("judge", ["нохой харна.", "би байна."])):
+        assert QEScorer(load_qe(str(world / "qe" / name))).score(src, mt, ref) == \
+            QEScorer(load_qe(str(micro_world / "qe" / name))).score(src, mt, ref)
     # Another seed's data: the shipped QEs are not this build's.
     assert shipped_qe_matches(shipped, world, seed=1, size="micro") is None
     # A shipped base whose bytes are not those recorded is refused, naming the directory.

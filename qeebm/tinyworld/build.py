@@ -15,9 +15,11 @@ The world mirrors the published protocol (docs/tinyworld.md):
    a little and have never seen the task's pairs;
 4. quality estimators, from judged translations of the QE sentences by many systems, corruptions and
    degenerate outputs (``judged.py``): a tiny CometKiwi (``qe/kiwi``, what QE-EBM and the RL
-   baselines optimise), a reference-based tiny COMET (``qe/comet``) and a held-out QE of another
-   seed, size and data shard (``qe/judge``, evaluation only). Their correlations with the true
-   quality are measured on held-out sentences, overall and within the samples of one source
+   baselines optimise), a reference-based tiny COMET (``qe/comet``) and a first held-out QE of
+   another seed, size and data shard; then the top of the quality range (``toprange.py``): the Kiwi
+   trained further on converged systems' outputs, and the held-out judge (``qe/judge``, evaluation
+   only), reference-based, trained on its own shard's. Their correlations with the true quality are
+   measured on held-out sentences, overall and within the samples of one source
    (``qe/qe_report.json``); the held-out judged rows are kept in ``qe/heldout.tsv``.
 
 Step 4 costs more than the main demo's budget on two cores (about 9 minutes here), so the default
@@ -646,13 +648,15 @@ def export_qe(world: str | Path, out: str | Path) -> Path:
     for family in FAMILIES:
         shutil.copytree(world / f"{family}-base", staging / "bases" / f"{family}-base")
     files = manifest["files"]
-    built_by = json.loads((world / "build_log.json").read_text()).get("code", _code_version())
-    source = {"seed": manifest["seed"], "size": manifest["size"], "code": built_by,
+    build_log = json.loads((world / "build_log.json").read_text())
+    source = {"seed": manifest["seed"], "size": manifest["size"], "code": build_log.get("code", _code_version()),
               "inputs_digest": qe_inputs_digest(world),
               "data_files": {k: v for k, v in files.items() if k.startswith(("tokenizers/", "data/"))},
               "qe_files": {k: v for k, v in files.items() if k.startswith("qe/")},
               "base_files": {k: v for k, v in files.items() if k.startswith(BASE_PREFIXES)},
               "base_test": manifest["base_test"]}
+    if "top_range_code" in build_log:
+        source["top_range_code"] = build_log["top_range_code"]
     (staging / "source.json").write_text(json.dumps(source, indent=2, sort_keys=True) + "\n")
     # The demo's shipped SFT plateau (qeebm/demo.py) lives here too and is not the QEs' to replace.
     if (out / "plateau").is_dir():

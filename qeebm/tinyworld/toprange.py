@@ -15,10 +15,17 @@ This stage gives the tiny world's QEs that range (``build``, after the first QEs
 3. their outputs on the QE split past the fine-tuned pairs and on the judge's shard, judged like
    the first systems' (``judged.judged_rows``: the same precision-aware quality, corruptions and
    degenerations);
-4. ``kiwi`` and ``judge``: the first ones (kept as ``kiwi-v1`` and ``judge-v1``) trained further on
-   these rows (``top_range["fit"]``). Continuing from them, rather than from scratch on both sets,
-   needs nothing but a built world: the stage runs on a world whose first QEs were copied from
-   ``data/tinyworld-qe`` (``qeebm tinyworld build-top DIR``) as it runs inside a full build.
+4. ``kiwi``: the first Kiwi (kept as ``kiwi-v1``) trained further on the QE split's rows
+   (``top_range["fit"]``). Continuing from it, rather than from scratch on both sets, needs nothing
+   but a built world: the stage runs on a world whose first QEs were copied from
+   ``data/tinyworld-qe`` (``qeebm tinyworld build-top DIR``) as it runs inside a full build;
+5. ``judge``: the held-out judge, of its own seed, size and data shard and of **another kind** than
+   the Kiwi: a reference-based tiny COMET (``JUDGE``) trained from random weights on the judge
+   shard's rows. The first judge (kept as ``judge-v1``) was a reference-free model like the Kiwi, and
+   one trained further on these rows still scored a 600-step QE-trained system above a converged SFT
+   system 13 BLEU better: a judge of the Kiwi's own kind shares its blind spots, while one that reads
+   the reference sees what the Kiwi cannot (as XCOMET, reference-based, checks a CometKiwi-trained
+   system on a real pair).
 
 The held-out measurement gains the converged systems' samples on the held-out sources
 (``heldout_samples``), so a QE's correlation at the top of the range is measured where the methods
@@ -42,6 +49,9 @@ log = logging.getLogger("qeebm.tinyworld")
 
 # The first QEs keep these names beside the ones trained on the whole range.
 FIRST = {"kiwi": "kiwi-v1", "judge": "judge-v1"}
+# The held-out judge (``fit_tiny_qe``'s spec): reference-based, smaller than the world's COMET and of
+# another seed; trained with the world's first QEs' settings (``WorldSize.qe_fit``).
+JUDGE = dict(kind="comet", hidden=48, layers=2, heads=4, ffn=96, seed_offset=7919, data="judge", train={"epochs": 3})
 
 
 def top_range_systems(world: Path, family: str, seed: int, spec, kiwi: Path) -> dict:
@@ -129,9 +139,10 @@ def top_range_outputs(world: str, family: str, seed: int, spec, kiwi: str) -> di
 
 
 def train_top_range_qes(world: Path, seed: int, spec) -> dict:
-    """Stages 1-4 on a built world holding the first QEs (``FIRST``): every family's top-range outputs
-    (a process each), judged; ``kiwi`` and ``judge`` trained further from the first ones on them (two
-    processes). Returns the fitted records, the judged row counts and the held-out samples."""
+    """Stages 1-5 on a built world holding the first QEs (``FIRST``): every family's top-range outputs
+    (a process each), judged; ``kiwi`` trained further from the first one on them and ``judge``
+    trained on its shard's (two processes). Returns the fitted records, the judged row counts and the
+    held-out samples."""
     from qeebm.config import CorpusConfig
     from qeebm.data import read_corpus
     from qeebm.qe.heldout import write_judged
@@ -156,11 +167,12 @@ def train_top_range_qes(world: Path, seed: int, spec) -> dict:
     samples = [Judged(**r) for f in families for r in workers[f]["heldout_samples"]]
     log.info("top-range judged data: %s rows; %d held-out samples",
              ", ".join(f"{k} {len(v)}" for k, v in rows.items()), len(samples))
-    jobs = [("kiwi", "qe"), ("judge", "judge")]
     with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = [pool.submit(_continue_worker, str(qe_dir / FIRST[name]), str(qe_dir / name),
-                               [r.row() for r in rows[data]], seed, top["fit"]) for name, data in jobs]
-        fitted = {name: future.result() for (name, _), future in zip(jobs, futures)}
+        kiwi = pool.submit(_continue_worker, str(qe_dir / FIRST["kiwi"]), str(qe_dir / "kiwi"),
+                           [r.row() for r in rows["qe"]], seed, top["fit"])
+        judge = pool.submit(_judge_worker, str(qe_dir / "judge"), str(world / "tokenizers" / "xlmr"),
+                            [r.row() for r in rows["judge"]], seed, spec.qe_fit)
+        fitted = {"kiwi": kiwi.result(), "judge": judge.result()}
     return {"fitted": fitted, "samples": samples, "rows": {k: len(v) for k, v in rows.items()},
             "seconds": {f: round(w["seconds"], 1) for f, w in workers.items()}}
 
@@ -183,6 +195,15 @@ def _continue_worker(first: str, out: str, rows: list, seed: int, fit: dict) -> 
         save_qe(model, out)
     return {"path": out, "continued_from": Path(first).name, "train_examples": len(src),
             "seconds": round(time.perf_counter() - start, 1)}
+
+
+def _judge_worker(out: str, tok: str, rows: list, seed: int, fit: dict) -> dict:
+    """The held-out judge (``JUDGE``) trained on ``rows`` and saved to ``out``."""
+    from qeebm.qe.tiny import fit_tiny_qe
+
+    torch.set_num_threads(1)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s qe %(name)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
+    return fit_tiny_qe("judge", out, tok, rows, seed, fit=fit, spec=JUDGE)
 
 
 def top_range_report(scorer, samples, top_fraction_of: str) -> dict:
@@ -233,7 +254,7 @@ def add_top_range(world: str | Path, seed: int = 0, size: str = "default", manif
     is written again (``manifest``: a build writes it itself, once everything is in place)."""
     import json
 
-    from qeebm.tinyworld.build import SIZES, write_manifest
+    from qeebm.tinyworld.build import SIZES, _code_version, write_manifest
 
     world = Path(world)
     spec = SIZES[size]
@@ -242,7 +263,10 @@ def add_top_range(world: str | Path, seed: int = 0, size: str = "default", manif
     top = train_top_range_qes(world, seed, spec)
     report_path = qe_dir / "qe_report.json"
     old = json.loads(report_path.read_text())
-    report = {FIRST.get(name, name): record for name, record in old.items() if name not in FIRST.values()}
+    if all(first in old for first in FIRST.values()):  # the stage ran before: its QEs are replaced
+        report = {name: record for name, record in old.items() if name not in FIRST}
+    else:
+        report = {FIRST.get(name, name): record for name, record in old.items()}
     for name, record in top["fitted"].items():
         first = report[FIRST[name]]
         report[name] = {k: first[k] for k in ("kind", "seed", "shape", "heldout_rows", "output_rows") if k in first}
@@ -252,6 +276,11 @@ def add_top_range(world: str | Path, seed: int = 0, size: str = "default", manif
     for name, values in measured.items():
         report[name] = report[name] | values
     report_path.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    # The code of this stage, beside the first QEs' (``export_qe`` records both).
+    build_log = world / "build_log.json"
+    if build_log.is_file():
+        build_log.write_text(json.dumps(json.loads(build_log.read_text()) | {"top_range_code": _code_version()},
+                                        indent=2) + "\n")
     if manifest:
         write_manifest(world)
     log.info("top-range QEs in %s: %s", qe_dir, ", ".join(f"{n} top within-source {m['top_range']['top']['within_source_pearson']:.3f}"
