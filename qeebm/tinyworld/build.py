@@ -42,7 +42,7 @@ import multiprocessing
 import random
 import shutil
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,6 +98,9 @@ class WorldSize:
     # ``share`` and ``k`` as ``judged_*``, for ``families``; ``fit``: train_qe settings of the continued QEs.
     # None: no such stage.
     top_range: dict | None = None
+    # Each stage's workers in spawned processes (two cores halve the build), or one after another in
+    # the building process where the work takes seconds and a spawned process's imports cost more.
+    in_process: bool = False
 
 
 SIZES = {
@@ -149,12 +152,44 @@ SIZES = {
                        qe_ebm=["qe_ebm.rho=0.3", "qe_ebm.sampling.max_new_tokens=8"],
                        reinforce=["reinforce.pg_weight=1.0", "reinforce.sampling.max_new_tokens=8"], share=0.3, k=2,
                        fit={"epochs": 1}),
+        in_process=True,
     ),
 }
 
 # Artifacts whose bytes must not depend on anything but the seed (training logs and TensorBoard
 # files carry wall-clock times and are left out).
 HASHED = ("data", "tokenizers", "nllb-base", "mbart-base", "qe")
+
+
+def stage_pool(spec: WorldSize, n: int):
+    """The executor of a stage's ``n`` workers: spawned processes (a forked child would inherit
+    torch's thread pool and any accelerate state of the parent), or ``InlineExecutor`` for a world
+    built ``in_process``. Every worker seeds what it draws, so both give the same files."""
+    if spec.in_process:
+        return InlineExecutor()
+    return ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context("spawn"))
+
+
+class InlineExecutor:
+    """Runs each submitted call at once, in this process; the worker's one-thread setting is undone
+    after it."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        return False
+
+    def submit(self, fn, *args) -> Future:
+        future: Future = Future()
+        threads = torch.get_num_threads()
+        try:
+            future.set_result(fn(*args))
+        except Exception as err:  # noqa: BLE001 - raised again by future.result(), as a pool's would be
+            future.set_exception(err)
+        finally:
+            torch.set_num_threads(threads)
+        return future
 
 
 def is_built(world: Path) -> bool:
@@ -326,9 +361,9 @@ def translator_config(world: Path, seed: int, spec: WorldSize, init_dir: Path, r
 def train_bases(world: Path, seed: int, spec: WorldSize, judged: bool) -> dict:
     """Both base translators at once, each in its own process on one thread (the build takes half
     the time on two cores, and one thread per model makes the weights bitwise reproducible whatever
-    the machine's core count); with ``judged``, each worker then translates the judged sentences."""
-    # spawn: a forked child would inherit torch's thread pool and any accelerate state of the parent.
-    with ProcessPoolExecutor(max_workers=len(FAMILIES), mp_context=multiprocessing.get_context("spawn")) as pool:
+    the machine's core count; ``stage_pool``); with ``judged``, each worker then translates the
+    judged sentences."""
+    with stage_pool(spec, len(FAMILIES)) as pool:
         futures = {f: pool.submit(_family_worker, str(world), f, seed, spec, judged) for f in FAMILIES}
         return {family: future.result() for family, future in futures.items()}
 
@@ -484,7 +519,7 @@ def train_quality_estimators(world: Path, splits: dict, workers: dict, seed: int
               for name, share in spec.weaker_kiwis.items()]
     # Two processes of about equal work: comet encodes three segments a row.
     plan = {"kiwis": [("kiwi", rows["qe"]), *weaker, ("judge", rows["judge"])], "comet": [("comet", rows["qe"])]}
-    with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("spawn")) as pool:
+    with stage_pool(spec, 2) as pool:
         futures = [pool.submit(_fit_worker, str(qe_dir), str(tok), [(n, [r.row() for r in rs]) for n, rs in jobs],
                                seed, spec.qe_fit) for jobs in plan.values()]
         fitted = {name: rec for future in futures for name, rec in future.result().items()}

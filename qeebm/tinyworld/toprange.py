@@ -35,11 +35,8 @@ will use it (``top_range_report``).
 from __future__ import annotations
 
 import logging
-import multiprocessing
-import random
 import shutil
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -146,13 +143,14 @@ def train_top_range_qes(world: Path, seed: int, spec) -> dict:
     from qeebm.config import CorpusConfig
     from qeebm.data import read_corpus
     from qeebm.qe.heldout import write_judged
+    from qeebm.tinyworld.build import stage_pool
     from qeebm.tinyworld.judged import Judged, judged_rows
     from qeebm.tinyworld.language import Pair
 
     top = spec.top_range
     qe_dir = world / "qe"
     families = top["families"]
-    with ProcessPoolExecutor(max_workers=len(families), mp_context=multiprocessing.get_context("spawn")) as pool:
+    with stage_pool(spec, len(families)) as pool:
         futures = {f: pool.submit(top_range_outputs, str(world), f, seed, spec, str(qe_dir / FIRST["kiwi"]))
                    for f in families}
         workers = {f: future.result() for f, future in futures.items()}
@@ -167,7 +165,7 @@ def train_top_range_qes(world: Path, seed: int, spec) -> dict:
     samples = [Judged(**r) for f in families for r in workers[f]["heldout_samples"]]
     log.info("top-range judged data: %s rows; %d held-out samples",
              ", ".join(f"{k} {len(v)}" for k, v in rows.items()), len(samples))
-    with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("spawn")) as pool:
+    with stage_pool(spec, 2) as pool:
         kiwi = pool.submit(_continue_worker, str(qe_dir / FIRST["kiwi"]), str(qe_dir / "kiwi"),
                            [r.row() for r in rows["qe"]], seed, top["fit"])
         judge = pool.submit(_judge_worker, str(qe_dir / "judge"), str(world / "tokenizers" / "xlmr"),
