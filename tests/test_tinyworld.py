@@ -73,6 +73,41 @@ def test_the_top_range_stage_trains_the_first_qes_further_on_converged_systems(m
         assert 0 < r["top"]["rows"] <= r["all"]["rows"]
 
 
+def test_the_first_qes_keep_their_records_when_the_top_range_stage_runs_again():
+    from qeebm.tinyworld.toprange import first_qes_report
+
+    first = {"kiwi": {"seed": 0}, "judge": {"seed": 7919}, "comet": {"seed": 1}}
+    renamed = first_qes_report(first)
+    assert renamed == {"kiwi-v1": {"seed": 0}, "judge-v1": {"seed": 7919}, "comet": {"seed": 1}}
+    # After the stage: its own kiwi and judge beside the first ones; a second run replaces its own.
+    after = renamed | {"kiwi": {"continued_from": "kiwi-v1"}, "judge": {"kind": "comet"}}
+    assert first_qes_report(after) == renamed
+
+
+def test_a_micro_world_runs_its_stage_workers_in_this_process_as_a_pool_would():
+    import torch
+
+    from qeebm.tinyworld.build import InlineExecutor, stage_pool
+
+    assert isinstance(stage_pool(SIZES["micro"], 2), InlineExecutor) and not SIZES["default"].in_process
+    before = torch.get_num_threads()
+    torch.set_num_threads(3)  # not the workers' 1, whatever this machine's core count
+
+    def worker(x):
+        torch.set_num_threads(1)
+        if x < 0:
+            raise ValueError(f"bad {x}")
+        return 2 * x
+
+    with stage_pool(SIZES["micro"], 2) as pool:
+        good, bad = pool.submit(worker, 3), pool.submit(worker, -1)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(before)
+    assert good.result() == 6 and threads == 3
+    with pytest.raises(ValueError, match="bad -1"):
+        bad.result()
+
+
 def test_top_range_report_of_the_true_quality_is_perfect():
     from qeebm.tinyworld.judged import Judged, quality
     from qeebm.tinyworld.toprange import top_range_report

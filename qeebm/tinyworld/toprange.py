@@ -229,6 +229,15 @@ def top_range_report(scorer, samples, top_fraction_of: str) -> dict:
     return out
 
 
+def first_qes_report(old: dict) -> dict:
+    """``qe/qe_report.json``'s records before this stage adds its QEs': the first ``kiwi`` and
+    ``judge`` under ``FIRST``'s names; where the stage ran before, its QEs' records are dropped (they
+    are measured again) and the first ones' kept."""
+    if all(first in old for first in FIRST.values()):
+        return {name: record for name, record in old.items() if name not in FIRST}
+    return {FIRST.get(name, name): record for name, record in old.items()}
+
+
 def rename_first_qes(qe_dir: Path) -> None:
     """The first ``kiwi`` and ``judge`` keep their weights under ``FIRST``'s names."""
     for name, first in FIRST.items():
@@ -261,10 +270,7 @@ def add_top_range(world: str | Path, seed: int = 0, size: str = "default", manif
     top = train_top_range_qes(world, seed, spec)
     report_path = qe_dir / "qe_report.json"
     old = json.loads(report_path.read_text())
-    if all(first in old for first in FIRST.values()):  # the stage ran before: its QEs are replaced
-        report = {name: record for name, record in old.items() if name not in FIRST}
-    else:
-        report = {FIRST.get(name, name): record for name, record in old.items()}
+    report = first_qes_report(old)
     for name, record in top["fitted"].items():
         first = report[FIRST[name]]
         report[name] = {k: first[k] for k in ("kind", "seed", "shape", "heldout_rows", "output_rows") if k in first}
