@@ -526,13 +526,15 @@ def train_quality_estimators(world: Path, splits: dict, workers: dict, seed: int
     return qe_report(qe_dir, fitted, heldout, samples, probes)
 
 
-def _fit_worker(qe_dir: str, tok: str, jobs: list, seed: int, fit: dict) -> dict:
+def _fit_worker(qe_dir: str, tok: str, jobs: list, seed: int, fit: dict, specs: dict | None = None) -> dict:
+    """Each (name, rows) job's tiny QE trained into ``qe_dir/name``: its spec from ``specs``, else
+    TINY_QES (a weaker kiwi: the kiwi's)."""
     from qeebm.qe.tiny import TINY_QES, fit_tiny_qe
 
     torch.set_num_threads(1)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s qe %(name)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
-    return {name: fit_tiny_qe(name, Path(qe_dir) / name, tok, rows, seed, fit=fit,
-                              spec=TINY_QES.get(name, TINY_QES["kiwi"]))
+    specs = {**TINY_QES, **(specs or {})}
+    return {name: fit_tiny_qe(name, Path(qe_dir) / name, tok, rows, seed, fit=fit, spec=specs.get(name, TINY_QES["kiwi"]))
             for name, rows in jobs}
 
 

@@ -143,7 +143,7 @@ def train_top_range_qes(world: Path, seed: int, spec) -> dict:
     from qeebm.config import CorpusConfig
     from qeebm.data import read_corpus
     from qeebm.qe.heldout import write_judged
-    from qeebm.tinyworld.build import stage_pool
+    from qeebm.tinyworld.build import _fit_worker, stage_pool
     from qeebm.tinyworld.judged import Judged, judged_rows
     from qeebm.tinyworld.language import Pair
 
@@ -168,9 +168,9 @@ def train_top_range_qes(world: Path, seed: int, spec) -> dict:
     with stage_pool(spec, 2) as pool:
         kiwi = pool.submit(_continue_worker, str(qe_dir / FIRST["kiwi"]), str(qe_dir / "kiwi"),
                            [r.row() for r in rows["qe"]], seed, top["fit"])
-        judge = pool.submit(_judge_worker, str(qe_dir / "judge"), str(world / "tokenizers" / "xlmr"),
-                            [r.row() for r in rows["judge"]], seed, spec.qe_fit)
-        fitted = {"kiwi": kiwi.result(), "judge": judge.result()}
+        judge = pool.submit(_fit_worker, str(qe_dir), str(world / "tokenizers" / "xlmr"),
+                            [("judge", [r.row() for r in rows["judge"]])], seed, spec.qe_fit, {"judge": JUDGE})
+        fitted = {"kiwi": kiwi.result(), "judge": judge.result()["judge"]}
     return {"fitted": fitted, "samples": samples, "rows": {k: len(v) for k, v in rows.items()},
             "seconds": {f: round(w["seconds"], 1) for f, w in workers.items()}}
 
@@ -193,15 +193,6 @@ def _continue_worker(first: str, out: str, rows: list, seed: int, fit: dict) -> 
         save_qe(model, out)
     return {"path": out, "continued_from": Path(first).name, "train_examples": len(src),
             "seconds": round(time.perf_counter() - start, 1)}
-
-
-def _judge_worker(out: str, tok: str, rows: list, seed: int, fit: dict) -> dict:
-    """The held-out judge (``JUDGE``) trained on ``rows`` and saved to ``out``."""
-    from qeebm.qe.tiny import fit_tiny_qe
-
-    torch.set_num_threads(1)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s qe %(name)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
-    return fit_tiny_qe("judge", out, tok, rows, seed, fit=fit, spec=JUDGE)
 
 
 def top_range_report(scorer, samples, top_fraction_of: str) -> dict:
