@@ -288,8 +288,14 @@ class QeEbmConfig:
     source-only batch (``data.mono``, the same global size as ``optim.batch_size``), E = -QE.
 
     ``sampling``: K samples per source (``sampling.num_samples``), ancestral by default.
-    ``relaxation``: how the sampled tokens carry the gradient into the QE: "st" (straight-through),
-    "softmax" (expected embedding) or "gumbel-st" (straight-through Gumbel-softmax at ``tau``).
+    ``estimator``: how the QE's gradient reaches the translator (docs/method.md, "Gradient
+    estimators"): through a relaxation of the sampled tokens, "st" (straight-through), "softmax"
+    (expected embedding), "gumbel-st" (straight-through Gumbel-softmax at ``tau``) or "reinmax"
+    (straight-through's forward with ReinMax's second-order backward at ``tau``, Liu et al. 2023);
+    or "loo-cv": the unbiased score-function estimator with a leave-one-out baseline and the QE's
+    gradient at the source's other samples as a control variate, weighted by ``cv_weight`` (None:
+    the variance-minimising weight fitted on the previous step, starting at 1). The old key name
+    ``relaxation`` still works.
     ``weighting: absolute`` (the published schedule) at optimiser step s (counted from 1):
     beta = beta_max * min(1, s / beta_ramp_steps) (``beta_ramp_steps`` 0: beta_max throughout);
     alpha = ``alpha`` when set, else max(0, 1 - alpha_coupling * beta). The defaults are the published
@@ -311,8 +317,9 @@ class QeEbmConfig:
     is what QE-EBM can do with the same test."""
 
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    relaxation: str = "st"  # st | softmax | gumbel-st
+    estimator: str = "st"  # st | softmax | gumbel-st | reinmax | loo-cv
     tau: float = 1.0
+    cv_weight: Optional[float] = None
     beta_max: float = 0.001
     beta_ramp_steps: int = 4000
     alpha: Optional[float] = None
@@ -606,7 +613,7 @@ CHOICES = {
     "eval.mode": ("max", "min"),
     "qe.mode": ("static", "dynamic"),
     "qe.loss": ("nce", "rank-nce", "margin"),
-    "qe_ebm.relaxation": ("st", "softmax", "gumbel-st"),
+    "qe_ebm.estimator": ("st", "softmax", "gumbel-st", "reinmax", "loo-cv"),
     "qe_ebm.weighting": ("absolute", "relative"),
     "reinforce.baseline": ("rloo", "running_mean", "none"),
     "reinforce.reward_scaling": ("whiten", "max_abs", "none"),
@@ -635,7 +642,8 @@ def _check_choices(cfg: Config) -> None:
 _SAMPLING_KEYS = tuple(f.name for f in dataclasses.fields(SamplingConfig))
 # Keys with a new name: (section, old, new). "beta" is QE-EBM's energy weight (the paper's name,
 # qe_ebm.beta_max); the other methods' weights say what they weigh.
-RENAMED_KEYS = (("reinforce", "beta", "pg_weight"), ("qe_finetune", "beta", "distill_weight"))
+RENAMED_KEYS = (("reinforce", "beta", "pg_weight"), ("qe_finetune", "beta", "distill_weight"),
+                ("qe_ebm", "relaxation", "estimator"))
 
 
 def upgrade_keys(values: dict, warn: bool = True) -> dict:

@@ -43,9 +43,9 @@ from qeebm.runlog import read_metrics, validations
 
 # name -> (recipe, overrides): every variant optimises Kiwi alone.
 VARIANTS = {
-    "qe-ebm-st": ("tiny_qe-ebm-static.yaml", ["qe_ebm.relaxation=st"]),
-    "qe-ebm-softmax": ("tiny_qe-ebm-static.yaml", ["qe_ebm.relaxation=softmax"]),
-    "qe-ebm-gumbel-st": ("tiny_qe-ebm-static.yaml", ["qe_ebm.relaxation=gumbel-st"]),
+    "qe-ebm-st": ("tiny_qe-ebm-static.yaml", ["qe_ebm.estimator=st"]),
+    "qe-ebm-softmax": ("tiny_qe-ebm-static.yaml", ["qe_ebm.estimator=softmax"]),
+    "qe-ebm-gumbel-st": ("tiny_qe-ebm-static.yaml", ["qe_ebm.estimator=gumbel-st"]),
     "reinforce-rloo": ("tiny_reinforce.yaml", ["reinforce.baseline=rloo"]),
     "ppo": ("tiny_ppo.yaml", []),
 }

@@ -150,3 +150,33 @@ def test_load_energy_picks_the_kind_and_refuses_a_trained_reference_based_qe(tra
     assert not KiwiEnergy.needs_reference and CometEnergy.needs_reference and UnifiedEnergy.needs_reference
     with pytest.raises(QeebmError, match="reference-free CometKiwi"):
         load_energy(str(model_path("comet")), tr, freeze=False)
+
+
+@pytest.mark.parametrize("kind", ["kiwi", *KINDS])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_token_gradients_are_what_straight_through_and_reinmax_backpropagate(translators, family, kind):
+    # token_gradients (loo-cv's control variate) and the relaxations' backward passes must agree on
+    # the QE's gradient: dE/dlogits = J(p) (-B g_t) under straight-through, ReinMax's Jacobians of
+    # the same vector under reinmax, with g_t the gradient of the score at step t's embedding.
+    from qeebm.qe.bridge import reinmax_jvp, softmax_jvp
+    from test_energy import energy_for as kiwi_energy_for, load_kiwi
+
+    tr = translators[family]
+    energy = kiwi_energy_for(load_kiwi(), tr) if kind == "kiwi" else energy_for(load(kind, torch.float64), tr, kind)
+    energy.double()
+    refs = REFS if energy.needs_reference else None
+    ids, mask = emitted(tr, TEXTS)
+    scores, g = energy.token_gradients(SRCS, ids, mask, ref=refs)  # [B], [B, T, H]
+    assert torch.allclose(scores, energy.score_ids(SRCS, ids, mask, ref=refs))
+    content = energy.bridge.content_mask(ids, mask)
+    assert g[~content].abs().max() == 0 and g[content].abs().sum() > 0
+    table = energy.bridge.table(energy._word_embeddings().weight)  # [V, H]
+    logits = torch.randn(*ids.shape, tr.model.config.vocab_size, dtype=torch.float64)
+    p = torch.softmax(logits[content], -1)
+    d_energy = -(g[content] @ table.T)  # dE/dD at each content step
+    want = {"st": softmax_jvp(p, d_energy), "reinmax": reinmax_jvp(p, p, ids[content], d_energy)}
+    for relaxation, expected in want.items():
+        x = logits.clone().requires_grad_()
+        energy(SRCS, ids, mask, x, relaxation=relaxation, ref=refs).sum().backward()
+        assert torch.allclose(x.grad[content], expected, atol=1e-9), relaxation
+        assert x.grad[~content].abs().max() == 0

@@ -134,18 +134,25 @@ def test_energy_moves_the_translator_and_never_the_qe(world, tmp_path, family, l
     assert out.loss.item() == pytest.approx(out.metrics["qe-ebm/energy"], abs=1e-6)
 
 
-@pytest.mark.parametrize("relaxation", ["softmax", "gumbel-st"])
-def test_other_relaxations_reach_the_translator(world, tmp_path, relaxation):
-    cfg = qe_config(world, tmp_path / "run", f"qe_ebm.relaxation={relaxation}", *ENERGY_ONLY)
+@pytest.mark.parametrize("estimator", ["softmax", "gumbel-st", "reinmax", "loo-cv"])
+def test_other_estimators_reach_the_translator(world, tmp_path, estimator):
+    cfg = qe_config(world, tmp_path / "run", f"qe_ebm.estimator={estimator}", *ENERGY_ONLY)
     tr, method, batch = build(cfg)
     with torch.no_grad():
         rollout = method.rollout(batch)
     out = method.loss(rollout)
     out.loss.backward()
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in tr.model.parameters())
-    # Their forward value is not the emitted text's score, so the metric scores the text itself.
+    assert all(p.grad is None for p in method.qe.parameters())
+    # The metric is the emitted text's own score whatever the estimator's forward value.
     scores = method.energy.score_ids(rollout.src, rollout.mt_ids, rollout.mt_mask)
     assert out.metrics["qe-ebm/sample_score"] == pytest.approx(scores.mean().item(), abs=1e-6)
+    if estimator in ("reinmax", "loo-cv"):
+        # Their value is the exact mean energy; only the gradient differs from straight-through's.
+        assert out.metrics["qe-ebm/energy"] == pytest.approx(-scores.mean().item(), abs=1e-5)
+        assert out.loss.item() == pytest.approx(out.metrics["qe-ebm/energy"], abs=1e-6)
+    if estimator == "loo-cv":
+        assert out.values["qe-ebm/cv_weight"] == 1.0  # the first step's weight, before any fit
 
 
 def test_beta_zero_is_sft_exactly(world, tmp_path):
@@ -184,7 +191,7 @@ def test_step_against_the_energy_gradient_raises_the_qe_score(world, tmp_path, f
     # The softmax relaxation's value moves with the translator (straight-through's is the fixed
     # score of the emitted text), so the same samples' relaxed QE score must rise after a small step.
     cfg = qe_config(world, tmp_path / "run", f"model.name_or_path={tiny_translator_dir(family)}",
-                    "qe_ebm.relaxation=softmax", *ENERGY_ONLY)
+                    "qe_ebm.estimator=softmax", *ENERGY_ONLY)
     tr, method, batch = build(cfg)
     tr.model.double()
     method.energy.double()
@@ -449,6 +456,30 @@ def test_dynamic_run_resumes_exactly(world, tmp_path):
     assert "qe-ebm/qe_loss" not in a[0] and "qe-ebm/qe_loss" in a[1]
 
 
+@pytest.mark.parametrize("estimator", ["reinmax", "loo-cv"])
+def test_estimator_run_resumes_exactly(world, tmp_path, estimator):
+    # loo-cv's weight is fitted on the previous step: a run stopped after step 2 must carry step 2's
+    # sums into step 3 as the straight run does. Dropout on, so the RNG states matter too.
+    common = [f"qe_ebm.estimator={estimator}", "model.dropout=null", "output.save_every=2", "qe_ebm.alpha=1.0",
+              "qe_ebm.beta_max=1.0", "qe_ebm.beta_ramp_steps=0"]
+    train(qe_config(world, tmp_path / "A", *common, "optim.max_steps=4"))
+    train(qe_config(world, tmp_path / "B", *common, "optim.max_steps=2"))
+    assert train(qe_config(world, tmp_path / "B", *common, "optim.max_steps=4")).step == 4
+
+    def load(run: str, name: str):
+        return torch.load(ckpt.step_dir(tmp_path / run / "checkpoints", 4) / name, weights_only=True)
+
+    for name in ("model.pt", "optimizer.pt", "method.pt"):
+        assert_identical(load("A", name), load("B", name), name)
+    a, b = read_metrics(tmp_path / "A"), read_metrics(tmp_path / "B")
+    assert [r["loss"] for r in a] == [r["loss"] for r in b]
+    if estimator == "loo-cv":
+        weights = [r["qe-ebm/cv_weight"] for r in a]
+        assert weights == [r["qe-ebm/cv_weight"] for r in b]
+        assert weights[0] == 1.0 and weights[1] != 1.0  # fitted from step 2 on
+        assert load("A", "method.pt")["cv_weight"]["pending_step"] == 4
+
+
 def _judged_rows(path: Path) -> Path:
     from qeebm.qe.heldout import write_judged
 
@@ -529,6 +560,8 @@ def recording(self, batches, all_reduce):
     out = original(self, batches, all_reduce)
     rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
     state = {n: p.detach().clone() for n, p in self.dynamic_qe.params.items()}
+    # loo-cv's control-variate weight and its pending sums must agree across processes too.
+    state["cv_weight"] = torch.tensor([self.cv.value, *self.cv.pending], dtype=torch.float64)
     torch.save(state, Path(self.record_dir) / f"qe-step{batches[0].step}-rank{rank}.pt")
     return out
 
@@ -542,8 +575,9 @@ train(cfg)
 
 @pytest.mark.slow
 def test_ddp_processes_hold_the_same_qe(world, tmp_path):
-    """Two gloo processes in QE-dynamic mode: after every QE update both hold the same QE weights,
-    and the translator's final weights come from a run that finished on both."""
+    """Two gloo processes in QE-dynamic mode with the loo-cv estimator: after every QE update both
+    hold the same QE weights and the same control-variate weight and sums, and the translator's
+    final weights come from a run that finished on both."""
     import os
     import subprocess
     import sys
@@ -556,6 +590,7 @@ def test_ddp_processes_hold_the_same_qe(world, tmp_path):
     heldout = _judged_rows(tmp_path / "heldout.tsv")
     cfg = qe_config(world, tmp_path / "run", "qe.mode=dynamic", "qe.warmup_steps=0", "optim.max_steps=3",
                     "optim.grad_accum=2", "qe.max_grad_norm=1.0", "qe_ebm.weighting=relative", "qe_ebm.rho_every=2",
+                    "qe_ebm.estimator=loo-cv",
                     f"qe.heldout_path={heldout}", "qe.heldout_every=2")
     config = tmp_path / "run.yaml"
     from qeebm.config import dump_config
@@ -581,7 +616,9 @@ def test_ddp_processes_hold_the_same_qe(world, tmp_path):
         assert [n for n in a if not torch.equal(a[n], b[n])] == [], step
     first = torch.load(tmp_path / "run" / "qe-step1-rank0.pt", weights_only=True)
     last = torch.load(tmp_path / "run" / "qe-step3-rank0.pt", weights_only=True)
-    assert any(not torch.equal(first[n], last[n]) for n in first)
+    assert any(not torch.equal(first[n], last[n]) for n in first if n != "cv_weight")
+    # Step 2's sums hold both processes' (and both micro-steps') samples.
+    assert last["cv_weight"][2] > 0
     rows = read_metrics(tmp_path / "run")
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert all(r["diag/ratio_energy"] > 0 and r["qe-ebm/beta"] > 0 for r in rows)

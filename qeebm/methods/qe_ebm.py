@@ -9,6 +9,14 @@ The method (docs/method.md; Yoo & Lee, arXiv 2410.10228), per micro-batch:
    relaxation into CometKiwi (``KiwiEnergy``), E(x, y_k) = -QE(x, y_k); with the labelled batch's
    label-smoothed cross-entropy, L = alpha * CE + beta * mean_k E (``schedule``).
 
+``qe_ebm.estimator`` says how the energy's gradient is formed (docs/method.md, "Gradient
+estimators"): a relaxation's backward pass through the QE (st, softmax, gumbel-st, reinmax), or
+"loo-cv", the unbiased score-function estimator whose control variate is the QE's gradient at the
+source's other samples (``qeebm.methods.control_variate``). Under loo-cv the rollout takes each
+sample's exact score and the QE's gradient with respect to its tokens (one QE forward and backward
+per sample, as straight-through spends), and the loss replays the samples without dropout, as they
+were drawn; the energy's value is the same mean of -QE in every case.
+
 QE-dynamic also trains the QE (``qeebm.qe.dynamic.DynamicQE``): once per optimiser step, before its
 micro-steps (``before_step``), one update of the selected QE parts with the translator frozen, on the
 step's labelled batch: the reference against K fresh samples, NCE with the translator as noise
@@ -46,10 +54,12 @@ from qeebm.errors import QeebmError
 from qeebm.guards import check, hit_rates
 from qeebm.methods.base import Batch, Method, StepOutput
 from qeebm.methods.common import label_smoothed_ce, mono_references, upcast
+from qeebm.methods.control_variate import CvWeight, leave_one_out, surrogate
 from qeebm.methods.sampling import mono_sources, sample, sampling_config
 from qeebm.qe.dynamic import DynamicQE, heldout_path
 from qeebm.qe.dynamic import check_config as check_qe_config
 from qeebm.qe.energy import load_energy
+from qeebm.rl import policy_logits, sequence_logprobs
 from qeebm.translator import eval_mode, output_rows
 
 if TYPE_CHECKING:
@@ -94,11 +104,16 @@ class QeEbmRollout:
     normaliser:        samples in the whole step, ``global_mono * K``.
     stats:             sample statistics, already contributions.
     alignment:         the bridge's alignment of (mt_ids, mt_mask), reused by the energy.
-    scores:            ``[M*K]`` exact QE scores of the samples when the relaxation's forward value is
-                       not (softmax, gumbel-st); None under st, whose energy is the exact score.
+    scores:            ``[M*K]`` exact QE scores of the samples when the estimator's forward value is
+                       not (softmax, gumbel-st, loo-cv); None under st and reinmax, whose energy is the
+                       exact score.
     keep:              ``[M*K]`` 1.0 for the samples whose energy counts, 0.0 for guard hits
                        (``qe_ebm.guards``); None without guards.
     ref:               M*K references (each repeated K times) for a reference-based energy, else None.
+    actions:           ``[M*K, T]`` the policy's actions (``Samples.mask``); loo-cv only.
+    temperature, suppress: what the sampler did to the logits (``Samples``); loo-cv only.
+    token_grads:       ``[M*K, T, H]`` the QE's gradient with respect to each step's bridged embedding,
+                       averaged over the source's other samples (guard hits count as 0); loo-cv only.
     """
 
     batch: Batch
@@ -116,6 +131,10 @@ class QeEbmRollout:
     scores: torch.Tensor | None = None
     keep: torch.Tensor | None = None
     ref: list[str] | None = None
+    actions: torch.Tensor | None = None
+    temperature: float = 1.0
+    suppress: torch.Tensor | None = None
+    token_grads: torch.Tensor | None = None
 
 
 class QeEbm(Method):
@@ -143,6 +162,8 @@ class QeEbm(Method):
         # Relative weighting: |grad CE| / |grad E| of the last measurement, and its step.
         self.grad_ratio: float | None = None
         self.ratio_step = 0
+        # loo-cv: the control variate's weight, fitted on the previous step unless fixed.
+        self.cv = CvWeight(fixed=self.c.cv_weight) if self.c.estimator == "loo-cv" else None
         if heldout_path(self.q) and not self.dynamic:
             log.warning("qe.heldout_path is only measured with qe.mode=dynamic (a static QE does not change)")
         c = self.c
@@ -165,6 +186,15 @@ class QeEbm(Method):
                 raise QeebmError(f"config key '{key}' must be >= {low}; got {value}")
         if c.tau <= 0:
             raise QeebmError(f"config key 'qe_ebm.tau' must be > 0; got {c.tau}")
+        if c.estimator == "loo-cv":
+            s = c.sampling
+            if s.num_samples < 2:
+                raise QeebmError("qe_ebm.estimator=loo-cv leaves one sample out: it needs "
+                                 f"qe_ebm.sampling.num_samples >= 2; got {s.num_samples}")
+            if s.top_k != 0 or s.top_p != 1.0:
+                raise QeebmError("qe_ebm.estimator=loo-cv is unbiased for the distribution the samples are "
+                                 "drawn from; a truncated sampler (qe_ebm.sampling.top_k / top_p) is not the "
+                                 f"translator's distribution: set top_k 0 and top_p 1 (got {s.top_k}, {s.top_p})")
         if q.path == "chrf":
             raise QeebmError("qe.path 'chrf' is a reward without a gradient; QE-EBM backpropagates through a QE model "
                              "(a CometKiwi, or a reference-based COMET or XCOMET)")
@@ -205,25 +235,36 @@ class QeEbm(Method):
                          count_tokens=tr.num_tokens)
             stats |= hit_rates(hits, normaliser=norm)
             keep = torch.tensor([0.0 if hit else 1.0 for hit in hits.any_hit], device=mt_ids.device)
-        # Only the straight-through forward value is the exact score of the emitted text.
-        scores = None if self.c.relaxation == "st" else self.energy.score_ids(src, mt_ids, mt_mask, alignment=alignment,
-                                                                               ref=ref)
-        return QeEbmRollout(batch=batch, src=src, input_ids=drawn.input_ids, attention_mask=drawn.attention_mask,
-                            decoder_input_ids=drawn.decoder_input_ids, mt_ids=mt_ids, mt_mask=mt_mask,
-                            alpha=alpha, beta=beta, normaliser=norm, stats=stats, alignment=alignment, scores=scores,
-                            keep=keep, ref=ref)
+        r = QeEbmRollout(batch=batch, src=src, input_ids=drawn.input_ids, attention_mask=drawn.attention_mask,
+                         decoder_input_ids=drawn.decoder_input_ids, mt_ids=mt_ids, mt_mask=mt_mask,
+                         alpha=alpha, beta=beta, normaliser=norm, stats=stats, alignment=alignment, keep=keep, ref=ref)
+        estimator = self.c.estimator
+        if estimator == "loo-cv":
+            r.scores, grads = self.energy.token_gradients(src, mt_ids, mt_mask, alignment=alignment, ref=ref)
+            if keep is not None:
+                grads = grads * keep[:, None, None].to(grads.dtype)
+            r.token_grads = leave_one_out(grads, k)
+            r.actions, r.temperature, r.suppress = drawn.mask, drawn.temperature, drawn.suppress
+        elif estimator not in ("st", "reinmax"):
+            # Only the straight-through forward value is the exact score of the emitted text.
+            r.scores = self.energy.score_ids(src, mt_ids, mt_mask, alignment=alignment, ref=ref)
+        return r
 
     def loss(self, r: QeEbmRollout) -> StepOutput:
         b = r.batch
-        # decoder_input_ids replay the samples; labels alone would make mBART rotate a cut-off row.
-        # Projected onto the vocabulary only at the steps the energy reads.
-        content = self.energy.bridge.content_mask(r.mt_ids, r.mt_mask)
-        with output_rows(self.translator.model, content):
-            tf_logits = self.model(input_ids=r.input_ids, attention_mask=r.attention_mask,
-                                   decoder_input_ids=r.decoder_input_ids).logits  # [N, V]
-        energy = self.energy(r.src, r.mt_ids, r.mt_mask, upcast(tf_logits), relaxation=self.c.relaxation,
-                             tau=self.c.tau, alignment=r.alignment, ref=r.ref)  # [M*K]
-        e = (energy if r.keep is None else energy * r.keep).sum() / r.normaliser
+        values = {}
+        if self.cv is not None:
+            energy, e, values = self.control_variate_energy(r)
+        else:
+            # decoder_input_ids replay the samples; labels alone would make mBART rotate a cut-off row.
+            # Projected onto the vocabulary only at the steps the energy reads.
+            content = self.energy.bridge.content_mask(r.mt_ids, r.mt_mask)
+            with output_rows(self.translator.model, content):
+                tf_logits = self.model(input_ids=r.input_ids, attention_mask=r.attention_mask,
+                                       decoder_input_ids=r.decoder_input_ids).logits  # [N, V]
+            energy = self.energy(r.src, r.mt_ids, r.mt_mask, upcast(tf_logits), relaxation=self.c.estimator,
+                                 tau=self.c.tau, alignment=r.alignment, ref=r.ref)  # [M*K]
+            e = (energy if r.keep is None else energy * r.keep).sum() / r.normaliser
         alpha, beta = r.alpha, r.beta
         terms = {}
         metrics = {"qe-ebm/energy": e.item(), **r.stats}
@@ -255,7 +296,45 @@ class QeEbm(Method):
         if self.k > 1:
             metrics["qe-ebm/score_spread"] = scores.std(dim=1).sum().item() * self.k / r.normaliser
         return StepOutput(loss=loss, metrics=metrics, terms=terms,
-                          values={"qe-ebm/alpha": alpha, "qe-ebm/beta": beta}, gradient_stats=stats)
+                          values={"qe-ebm/alpha": alpha, "qe-ebm/beta": beta, **values}, gradient_stats=stats)
+
+    def control_variate_energy(self, r: QeEbmRollout) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+        """loo-cv: the energies ``[M*K]`` (-QE, constants), this micro-batch's contribution to the
+        mean energy, whose value is the exact one and whose gradient is the control-variate
+        estimate of grad E[-QE] (``control_variate.surrogate``), and the step's values."""
+        step = r.batch.step
+        eta = self.cv.current(step)
+        # Dropout off and the sampler's own distribution (temperature, suppressed ids): the score
+        # function must be that of the distribution the samples came from.
+        with eval_mode(self.model):
+            logits = self.model(input_ids=r.input_ids, attention_mask=r.attention_mask,
+                                decoder_input_ids=r.decoder_input_ids).logits  # [R, T, V]
+        logits = policy_logits(upcast(logits), r.temperature, r.suppress)
+        logp, _ = sequence_logprobs(logits, r.mt_ids, r.actions)  # [R, T]
+        content = self.energy.bridge.content_mask(r.mt_ids, r.mt_mask) & r.actions.bool()
+        with torch.no_grad():
+            table = self.energy.bridge.table(self.energy._word_embeddings().weight).to(logits.dtype)  # [V, H]
+        grads = r.token_grads.to(logits.dtype)  # [R, T, H]
+        # gbar_t . p_t = (p_t @ B) . g_t, differentiable in p_t; only the content rows are projected.
+        rows = (torch.softmax(logits[content], dim=-1) @ table * grads[content]).sum(-1)  # [N]
+        expected = torch.zeros_like(logp).masked_scatter(content, rows)
+        taken = (table[r.mt_ids.clamp(0, table.shape[0] - 1)] * grads).sum(-1)  # [R, T] gbar_t[y_t]
+        f = -self.energy_of(r)
+        s = surrogate(logp, r.actions.bool(), expected, taken, content, f, self.k, eta)
+        sums = s.sums
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            # Every process fits the next weight on the whole step's sums (and saves the same state).
+            sums = sums.to(logits.device)
+            torch.distributed.all_reduce(sums)
+        self.cv.add(step, sums.cpu())
+        e = (-f.sum() - s.value + s.value.detach()) / r.normaliser
+        return -f, e, {"qe-ebm/cv_weight": eta, "qe-ebm/cv_explained": self.cv.explained_last}
+
+    @staticmethod
+    def energy_of(r: QeEbmRollout) -> torch.Tensor:
+        """``[M*K]`` the exact energies of the samples, guard hits 0 (loo-cv's f is minus these)."""
+        energy = -r.scores.float()
+        return energy if r.keep is None else energy * r.keep.to(energy.dtype)
 
     def relative_beta(self, step: int, alpha: float, ce: torch.Tensor, e: torch.Tensor):
         """beta = rho * ramp * alpha * |grad CE| / |grad E| (``weighting: relative``), the norms
@@ -330,9 +409,13 @@ class QeEbm(Method):
         """The last gradient-norm ratio (relative weighting); QE-dynamic: the trainable QE parameters
         and the QE optimiser."""
         state = {"grad_ratio": self.grad_ratio, "ratio_step": self.ratio_step}
+        if self.cv is not None:
+            state["cv_weight"] = self.cv.state_dict()
         return (state | self.dynamic_qe.state_dict()) if self.dynamic else state
 
     def load_state_dict(self, state: dict) -> None:
         self.grad_ratio, self.ratio_step = state.get("grad_ratio"), state.get("ratio_step", 0)
+        if self.cv is not None and "cv_weight" in state:
+            self.cv.load_state_dict(state["cv_weight"])
         if self.dynamic:
             self.dynamic_qe.load_state_dict(state)

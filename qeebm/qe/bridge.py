@@ -184,7 +184,7 @@ class Bridge(nn.Module):
         return mt_mask.bool() & known & ~self.special.to(mt_ids.device)[ids]
 
     def shift(self, qe_embeddings: Tensor, logits: Tensor, forward_ids: Tensor, alignment: Alignment,
-              length: int, relaxation: str = "st", *, content: Tensor) -> Tensor:
+              length: int, relaxation: str = "st", *, content: Tensor, tau: float = 1.0) -> Tensor:
         """The per-position embedding shift ``[B, length, H]`` for the mt segment.
 
         logits:      ``[N, V_nmt]`` whose softmax is the relaxed distribution p (the translator's
@@ -195,6 +195,8 @@ class Bridge(nn.Module):
                      time: no ``[B, T, V_nmt]`` tensor is kept for backward.
         forward_ids: ``[B, T]`` the translator tokens the forward pass scores.
         relaxation:  "st" / "gumbel-st": ``z - sg(z)`` (zero forward, identity backward);
+                     "reinmax": zero forward, ReinMax's backward (``reinmax_jvp``, at temperature
+                     ``tau``) in place of the identity;
                      "softmax": ``z - B[forward_ids]`` = (p - onehot) @ B, so on the identity path
                      ``E_qe[q_j] + shift_j = p_t @ E_qe``, the expected embedding.
         Position ``j`` of the result belongs to QE mt position ``j``; alignment entries at positions
@@ -222,15 +224,18 @@ class Bridge(nn.Module):
             table = self.table(qe_embeddings)  # [V_nmt, H]
             p = F.softmax(logits.index_select(0, at), dim=-1).to(qe_embeddings.dtype)
             d = p @ table - table[forward_ids.to(dev).reshape(-1).index_select(0, steps_seen)]
-        elif relaxation in ("st", "gumbel-st"):
+        elif relaxation in ("st", "gumbel-st", "reinmax"):
+            # ReinMax's backward also reads the emitted token of each step it maps.
+            tokens = (forward_ids.to(dev).reshape(-1).index_select(0, steps_seen)
+                      if relaxation == "reinmax" else None)
             table_bytes = self.vocab_size * h * qe_embeddings.element_size()
             if (qe_embeddings.requires_grad and torch.is_grad_enabled()) or table_bytes <= _TABLE_MAX_BYTES:
-                d = _zero_forward_product(logits, at, self.table(qe_embeddings), None)
+                d = _zero_forward_product(logits, at, self.table(qe_embeddings), None, tokens, tau)
             else:
                 # A frozen QE with a large table: the backward's g @ B^T is taken through the sparse
                 # map, so the [V_nmt, H] table (1 GB for NLLB into InfoXLM) is never built nor kept.
                 d = _zero_forward_product(logits, at, qe_embeddings.new_empty(0, h),
-                                          lambda g: self.times_table_t(g, qe_embeddings))
+                                          lambda g: self.times_table_t(g, qe_embeddings), tokens, tau)
         else:
             raise ValueError(f"unknown relaxation {relaxation!r}")
         # Under autocast the product may come out in another dtype than the embeddings.
@@ -318,6 +323,22 @@ _CHUNK_ENTRIES = 1 << 20
 _CHUNK_MIN_ROWS = 64
 
 
+def softmax_jvp(p: Tensor, v: Tensor) -> Tensor:
+    """``J(p) v`` with ``J(p) = diag(p) - p p^T``, the softmax's Jacobian, row by row (``[c, V]``)."""
+    return (v - (p * v).sum(-1, keepdim=True)).mul_(p)
+
+
+def reinmax_jvp(p: Tensor, p_tau: Tensor, tokens: Tensor, v: Tensor) -> Tensor:
+    """ReinMax's backward (Liu et al., NeurIPS 2023, Algorithm 2) for rows ``[c, V]``: the gradient
+    with respect to the logits of a one-hot sample ``D = onehot(tokens)`` drawn from ``p = softmax(logits)``,
+    given ``v = dE/dD``: ``2 J(pi_1) v - J(p) v / 2`` with ``pi_1 = (p_tau + D) / 2`` and ``p_tau =
+    softmax(logits / tau)``. Straight-through's is ``J(p_tau) v``; ReinMax adds the second-order
+    (Heun) term at the same cost, and is exact when E is quadratic in D."""
+    pi_1 = p_tau.mul(0.5)
+    pi_1.scatter_add_(-1, tokens.view(-1, 1), pi_1.new_full((tokens.numel(), 1), 0.5))
+    return softmax_jvp(pi_1, v.mul(2.0)).sub_(softmax_jvp(p, v.mul(0.5)))
+
+
 class _ZeroForwardProduct(torch.autograd.Function):
     """``(p - sg(p)) @ B`` with ``p = softmax(logits)``, for the rows ``steps`` of ``logits``: zero in
     value, the product's gradient in backward. The straight-through shift needs the
@@ -329,31 +350,45 @@ class _ZeroForwardProduct(torch.autograd.Function):
 
     ``times_table_t``: None to use ``table`` (``[V_nmt, H]``, possibly requiring grad), or a function
     ``g -> g @ B^T`` for a frozen table that is not materialised (``table`` is then an empty
-    ``[0, H]`` tensor giving the output's dtype, device and width)."""
+    ``[0, H]`` tensor giving the output's dtype, device and width).
+
+    ``tokens``: None for straight-through's backward (``J(p) dp``), or each row's emitted token
+    (``[U]``) for ReinMax's (``reinmax_jvp`` at temperature ``tau``); the table's gradient is then that
+    of ``(2 pi_1 - p / 2 - sg(.)) @ B``, as the logits'."""
 
     @staticmethod
-    def forward(ctx, logits: Tensor, steps: Tensor, table: Tensor, times_table_t) -> Tensor:
-        ctx.save_for_backward(logits, steps, table)
+    def forward(ctx, logits: Tensor, steps: Tensor, table: Tensor, times_table_t, tokens: Tensor | None = None,
+                tau: float = 1.0) -> Tensor:
+        ctx.save_for_backward(logits, steps, table, tokens)
         ctx.times_table_t = times_table_t if times_table_t is not None else (lambda g: g @ table.T)
+        ctx.tau = tau
         return table.new_zeros(steps.shape[0], table.shape[1])
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        logits, steps, table = ctx.saved_tensors
+        logits, steps, table, tokens = ctx.saved_tensors
         grad_logits = logits.new_zeros(logits.shape) if ctx.needs_input_grad[0] else None
         grad_table = torch.zeros_like(table) if ctx.needs_input_grad[2] else None
         rows = max(_CHUNK_MIN_ROWS, _CHUNK_ENTRIES // logits.shape[-1])
         for start in range(0, steps.numel(), rows):
             chunk, g = steps[start:start + rows], grad[start:start + rows]
-            p = F.softmax(logits.index_select(0, chunk), dim=-1)  # [c, V_nmt]
+            rows_logits = logits.index_select(0, chunk)
+            p = F.softmax(rows_logits, dim=-1)  # [c, V_nmt]
+            if tokens is not None:
+                at = tokens[start:start + rows]
+                p_tau = p if ctx.tau == 1.0 else F.softmax(rows_logits / ctx.tau, dim=-1)
             if grad_logits is not None:
-                # softmax's Jacobian-vector product: p * (dp - <p, dp>), with dp = g @ B^T
-                dp = ctx.times_table_t(g).to(p.dtype)
-                dp = (dp - (p * dp).sum(-1, keepdim=True)).mul_(p)
-                grad_logits.index_copy_(0, chunk, dp)
+                dp = ctx.times_table_t(g).to(p.dtype)  # dE/dD = g @ B^T
+                grad_logits.index_copy_(0, chunk, softmax_jvp(p, dp) if tokens is None else
+                                        reinmax_jvp(p, p_tau, at, dp))
             if grad_table is not None:
-                grad_table.addmm_(p.to(table.dtype).T, g)
-        return grad_logits, None, grad_table, None
+                if tokens is None:
+                    weights = p
+                else:
+                    weights = (p_tau * 0.5).scatter_add_(-1, at.view(-1, 1), p.new_full((at.numel(), 1), 0.5))
+                    weights = weights.mul_(2.0).sub_(p, alpha=0.5)
+                grad_table.addmm_(weights.to(table.dtype).T, g)
+        return grad_logits, None, grad_table, None, None, None
 
 
 _zero_forward_product = _ZeroForwardProduct.apply

@@ -57,7 +57,7 @@ from qeebm.qe.models import load_qe, qe_kind
 from qeebm.qe.packed import packable, packed_scores
 from qeebm.qe.scoring import kiwi_row, pad_rows
 
-RELAXATIONS = ("st", "softmax", "gumbel-st")
+RELAXATIONS = ("st", "softmax", "gumbel-st", "reinmax")
 
 
 class Energy(nn.Module):
@@ -135,7 +135,9 @@ class Energy(nn.Module):
                 text). The forward value is the exact QE score of the decoded resampled tokens; the
                 backward pass is the identity onto ``softmax((logits + g) / tau)``. Non-content steps
                 keep their emitted token.
-        tau:     temperature of "gumbel-st" (ignored otherwise).
+            "reinmax": straight-through's forward pass; the backward pass is ReinMax's second-order
+                estimate (``qeebm.qe.bridge.reinmax_jvp``, Liu et al. 2023) instead of the identity.
+        tau:     temperature of "gumbel-st" and "reinmax" (ignored otherwise).
         generator: optional RNG for the Gumbel noise.
         alignment: ``self.align(mt_ids, mt_mask)`` when the caller already has it (saves decoding and
                  aligning again); not used by "gumbel-st", whose forward tokens are resampled.
@@ -158,8 +160,29 @@ class Energy(nn.Module):
         if alignment is None or relaxation == "gumbel-st":
             alignment = self.align(forward_ids, mt_mask)
         self.last_alignment = alignment
-        shift = self._shift(alignment, relaxed, forward_ids, relaxation, content)
+        shift = self._shift(alignment, relaxed, forward_ids, relaxation, content, tau)
         return -self._score(src, ref, alignment, shift)
+
+    def token_gradients(self, src: list[str], mt_ids: Tensor, mt_mask: Tensor, alignment: Alignment | None = None,
+                        ref: list[str] | None = None) -> tuple[Tensor, Tensor]:
+        """The QE's exact scores ``[B]`` and their gradients ``[B, T, H]`` with respect to each
+        translator step's bridged embedding ``z_t = B[y_t]`` (zero at steps the QE does not read):
+        ``dQ/d onehot(y_t)[v] = B[v] . grad[b, t]``. One QE forward and a backward to its inputs;
+        nothing of the translator is involved, so it runs inside a rollout's ``no_grad`` too."""
+        if alignment is None:
+            alignment = self.align(mt_ids, mt_mask)
+        ref = self._check_reference(ref, len(src))
+        weight = self._word_embeddings().weight
+        length = max(1, max(len(m) for m in alignment.qe_ids))
+        with torch.enable_grad():
+            shift = weight.new_zeros(len(src), length, weight.shape[1], requires_grad=True)
+            scores = self._score(src, ref, alignment, shift)
+            (per_position,) = torch.autograd.grad(scores.sum(), shift)  # [B, L_mt, H]
+        rows, qe_pos, nmt_pos, w = (t.to(weight.device) for t in alignment.entries(length))
+        # QE position j moves by sum_t w_jt (z_t - sg z_t): step t's gradient is sum_j w_jt dQ/de_j.
+        grads = weight.new_zeros(*mt_ids.shape, weight.shape[1])
+        grads.index_put_((rows, nmt_pos), per_position[rows, qe_pos] * w.to(grads.dtype)[:, None], accumulate=True)
+        return scores.detach(), grads
 
     @torch.no_grad()
     def score_ids(self, src: list[str], mt_ids: Tensor, mt_mask: Tensor, alignment: Alignment | None = None,
@@ -205,13 +228,14 @@ class Energy(nn.Module):
         return logits, mt_ids
 
     def _shift(self, alignment: Alignment, relaxed: Tensor, forward_ids: Tensor, relaxation: str,
-               content: Tensor) -> Tensor:
+               content: Tensor, tau: float = 1.0) -> Tensor:
         """``[B, L_mt, H]`` the straight-through (or relaxed) shift of the mt segment's embeddings,
         ``L_mt`` its longest row. The longest mt segment always fits every input: it is at most
         ``max_positions - 4`` tokens long."""
         mt_len = max(1, max(len(m) for m in alignment.qe_ids))
         weight = self._word_embeddings().weight
-        return self.bridge.shift(weight, relaxed, forward_ids, alignment, mt_len, relaxation, content=content)
+        return self.bridge.shift(weight, relaxed, forward_ids, alignment, mt_len, relaxation, content=content,
+                                 tau=tau)
 
     def _word_embeddings(self) -> nn.Embedding:
         return self.qe.encoder.model.embeddings.word_embeddings
