@@ -35,7 +35,9 @@ SYSTEMS = ("sft", "reinforce", "ppo", "qe-ebm-static", "qe-ebm-dynamic", "qe-fin
 EXTRA_SYSTEMS = ("dpo", "cpo")
 # The tiny world's positive control: systems trained against an energy or reward that knows the answer
 # (the world's true reference of every pool sentence); tiny recipes only (qeebm/demo.py, TARGETS).
-ORACLE_SYSTEMS = ("qe-ebm-oracle", "reinforce-oracle", "reinforce-chrf", "dpo-oracle")
+# QE-EBM's gradient estimators other than straight-through are positive-control rows of their own.
+ESTIMATOR_SYSTEMS = ("qe-ebm-softmax-oracle", "qe-ebm-reinmax-oracle", "qe-ebm-loo-cv-oracle")
+ORACLE_SYSTEMS = ("qe-ebm-oracle", "reinforce-oracle", "reinforce-chrf", "dpo-oracle", *ESTIMATOR_SYSTEMS)
 # The published seeds; every `--seeds N` takes the first N (the tiny world's single-seed tables use 42).
 SEEDS = (42, 231, 6)
 # The file of each split inside a data directory (the tiny world's ``data/``, a prepared corpus).

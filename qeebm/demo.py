@@ -39,7 +39,7 @@ import torch
 import yaml
 
 from qeebm import resources
-from qeebm.config import EXTRA_SYSTEMS, ORACLE_SYSTEMS, SEEDS, SYSTEMS, data_path_overrides
+from qeebm.config import ESTIMATOR_SYSTEMS, EXTRA_SYSTEMS, ORACLE_SYSTEMS, SEEDS, SYSTEMS, data_path_overrides
 from qeebm.runlog import validations
 from qeebm.tinyworld.build import build, is_built
 
@@ -52,12 +52,14 @@ CONFIGS = resources.CONFIGS
 # sentence's true reference, with the tiny reference-based COMET or sentence chrF++ ("chrf").
 KIWI = ("qe/kiwi", "data/mono.txt")
 TARGETS = {"qe-ebm-oracle": ("qe/comet", "data/mono_ref.tsv"), "reinforce-oracle": ("qe/comet", "data/mono_ref.tsv"),
-           "reinforce-chrf": ("chrf", "data/mono_ref.tsv"), "dpo-oracle": ("qe/comet", "data/mono_ref.tsv")}
+           "reinforce-chrf": ("chrf", "data/mono_ref.tsv"), "dpo-oracle": ("qe/comet", "data/mono_ref.tsv"),
+           **{name: ("qe/comet", "data/mono_ref.tsv") for name in ESTIMATOR_SYSTEMS}}
 
 # Each system's training time in the demo (seconds on the project's 2-core CPU), to start the
 # longest first; only their order matters.
 EXPECTED_SECONDS = {"qe-ebm-dynamic": 600, "reinforce": 420, "reinforce-oracle": 420, "reinforce-chrf": 380,
-                    "qe-ebm-static": 340, "qe-ebm-oracle": 340, "qe-finetune": 330, "dpo": 300, "dpo-oracle": 300, "cpo": 300,
+                    "qe-ebm-static": 340, "qe-ebm-oracle": 340, "qe-ebm-loo-cv-oracle": 360, "qe-ebm-reinmax-oracle": 340,
+                    "qe-ebm-softmax-oracle": 340, "qe-finetune": 330, "dpo": 300, "dpo-oracle": 300, "cpo": 300,
                     "ppo": 300, "sft": 40}
 
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from qeebm.config import GenerationConfig
+from qeebm.methods.control_variate import control_terms, leave_one_out, surrogate
 from qeebm.methods.sampling import Samples, action_mask, sample
 from qeebm.rl import policy_logits, sequence_logprobs
 from qeebm.translator import eval_mode, output_rows
@@ -150,3 +151,115 @@ def agreement(relaxed: tuple[torch.Tensor, torch.Tensor], unbiased: tuple[torch.
     corrected = cross / math.sqrt(rel_r * rel_u) if rel_r > 0 and rel_u > 0 else float("nan")
     return {"cosine": cross, "relaxed_split_half": rel_r, "unbiased_split_half": rel_u, "corrected": corrected,
             "norm_ratio": float((r1.norm() + r2.norm()) / (u1.norm() + u2.norm()))}
+
+
+# ------------------------------------------------------------------- estimators at equal compute
+#: QE passes one K-sample estimate spends per source, as the training step spends them:
+#: (forward passes, backward passes to the QE's inputs), each times K. The relaxations whose forward
+#: value is not the text's score (softmax, gumbel-st) also score the text for the step's metrics.
+QE_PASSES = {"reinforce": (1, 0), "st": (1, 1), "reinmax": (1, 1), "softmax": (2, 1), "gumbel-st": (2, 1),
+             "loo-cv": (1, 1)}
+
+
+def qe_cost(estimator: str, k: int, backward_cost: float = 2.0) -> float:
+    """QE forward-pass equivalents per source of one K-sample estimate (a backward pass counted as
+    ``backward_cost`` forwards)."""
+    fwd, bwd = QE_PASSES[estimator]
+    return k * (fwd + backward_cost * bwd)
+
+
+def group_rows(d: Draws, k: int, group: int) -> torch.Tensor:
+    """The rows of group ``group`` of size ``k``: samples ``group * k`` to ``group * k + k - 1`` of
+    every source, a source's rows adjacent."""
+    n_src = len(d.samples.src) // d.n
+    start = group * k
+    if start + k > d.n:
+        raise ValueError(f"group {group} of {k} needs {start + k} samples per source; there are {d.n}")
+    return (torch.arange(n_src)[:, None] * d.n + torch.arange(start, start + k)[None, :]).reshape(-1)
+
+
+def estimate(translator, energy, d: Draws, rows: torch.Tensor, k: int, estimator: str, eta: float = 1.0,
+             tau: float = 1.0, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One estimate of ``grad sum_x E_y Q(x, y)`` from ``rows`` (K samples of each source, adjacent),
+    as the training step would form it: the mean over a source's K samples of a relaxation's
+    gradient (st, softmax, gumbel-st, reinmax), of the leave-one-out score function ("reinforce"),
+    or of the control-variate estimator ("loo-cv", at weight ``eta``)."""
+    model = translator.model
+    params = [p for p in model.parameters() if p.requires_grad]
+    s = d.samples
+    seq = s.sequences[rows]
+    mt_ids = seq[:, 1:]
+    mt_mask = translator.teacher_forcing(seq)["labels"] != -100
+    src = [s.src[i] for i in rows.tolist()]
+    refs = [d.refs[i] for i in rows.tolist()] if d.refs is not None else None
+    with eval_mode(model):
+        if estimator in ("reinforce", "loo-cv"):
+            logits = policy_logits(model(input_ids=s.input_ids[rows], attention_mask=s.attention_mask[rows],
+                                         decoder_input_ids=seq[:, :-1], use_cache=False).logits, 1.0, s.suppress)
+            logp, _ = sequence_logprobs(logits, mt_ids, s.mask[rows])  # [R, T]
+            f = d.scores[rows].double()
+            if estimator == "reinforce":
+                adv = (f - leave_one_out(f, k)).to(logp.dtype)
+                value = (adv[:, None] * logp).sum()
+            else:
+                content = energy.bridge.content_mask(mt_ids, mt_mask) & s.mask[rows].bool()
+                _, grads = energy.token_gradients(src, mt_ids, mt_mask, ref=refs)
+                with torch.no_grad():
+                    table = energy.bridge_table()
+                expected, taken = control_terms(logits, mt_ids, content, leave_one_out(grads, k), table)
+                value = surrogate(logp, s.mask[rows].bool(), expected, taken, content, f, k, eta).value
+        else:
+            content = energy.bridge.content_mask(mt_ids, mt_mask)
+            with output_rows(model, content):
+                logits = model(input_ids=s.input_ids[rows], attention_mask=s.attention_mask[rows],
+                               decoder_input_ids=seq[:, :-1], use_cache=False).logits
+            value = -energy(src, mt_ids, mt_mask, logits.float(), relaxation=estimator, tau=tau, generator=generator,
+                            ref=refs).sum()
+        return _flat_grad(value / k, params)
+
+
+def cv_weight(translator, energy, d: Draws, rows: torch.Tensor, k: int) -> float:
+    """The control-variate weight the training step would fit on these rows (sum a s / sum s^2)."""
+    s = d.samples
+    seq = s.sequences[rows]
+    mt_ids = seq[:, 1:]
+    mt_mask = translator.teacher_forcing(seq)["labels"] != -100
+    src = [s.src[i] for i in rows.tolist()]
+    refs = [d.refs[i] for i in rows.tolist()] if d.refs is not None else None
+    with torch.no_grad(), eval_mode(translator.model) as model:
+        logits = policy_logits(model(input_ids=s.input_ids[rows], attention_mask=s.attention_mask[rows],
+                                     decoder_input_ids=seq[:, :-1], use_cache=False).logits, 1.0, s.suppress)
+        logp, _ = sequence_logprobs(logits, mt_ids, s.mask[rows])
+        content = energy.bridge.content_mask(mt_ids, mt_mask) & s.mask[rows].bool()
+        _, grads = energy.token_gradients(src, mt_ids, mt_mask, ref=refs)
+        expected, taken = control_terms(logits, mt_ids, content, leave_one_out(grads, k), energy.bridge_table())
+        a_s, s_s, _ = surrogate(logp, s.mask[rows].bool(), expected, taken, content, d.scores[rows].double(), k,
+                                0.0).sums.tolist()
+    return a_s / s_s if s_s > 0 else 0.0
+
+
+def signal_to_noise(estimates: torch.Tensor, unbiased: tuple[torch.Tensor, torch.Tensor]) -> dict:
+    """Of G independent estimates ``[G, P]`` of one gradient, against the unbiased many-sample
+    estimate on two halves (``unbiased``):
+
+    * ``snr``: a single estimate's signal-to-noise ratio, |E g|^2 / E|g - E g|^2 (|E g|^2 estimated
+      without the noise's bias): how many estimates it takes to see the estimator's own direction;
+    * ``corrected``: the noise-corrected cosine between the estimator's expectation and the true
+      gradient (``agreement`` of the means of the two halves of the estimates): its bias;
+    * ``single_cosine``: the mean cosine between ONE estimate and the true gradient, bias and noise
+      together (the truth's own noise divided out: the mean of two halves whose split-half cosine
+      is r points at the truth with cosine sqrt(2r / (1 + r))). This is what an update made from
+      one estimate gets right, the number to compare at equal compute."""
+    g = estimates.double()
+    n = g.shape[0]
+    mean = g.mean(0)
+    noise = ((g - mean) ** 2).sum().item() / (n - 1)  # E|g - E g|^2
+    signal = max(mean.pow(2).sum().item() - noise / n, 0.0)
+    u1, u2 = (u.double() for u in unbiased)
+    r = cosine(u1, u2)
+    scale = math.sqrt(2 * r / (1 + r)) if r > 0 else float("nan")
+    cosines = torch.nn.functional.cosine_similarity(g, ((u1 + u2) / 2)[None, :], dim=1) / scale
+    half = n // 2
+    return {"snr": signal / noise if noise > 0 else float("inf"),
+            "corrected": agreement((g[:half].mean(0), g[half:].mean(0)), (u1, u2))["corrected"],
+            "single_cosine": cosines.mean().item(), "single_cosine_se": cosines.std().item() / math.sqrt(n)}

@@ -7,9 +7,12 @@ On ``--sources`` fixed dev sentences, ``--samples`` ancestral samples each from 
 mode), for each QE (the tiny Kiwi QE-EBM trains against, and the oracle: the tiny reference-based
 COMET reading each sentence's reference): the gradient of the expected score estimated without bias
 (score function, leave-one-out baseline) and the relaxed gradients QE-EBM can follow (straight-through,
-softmax, straight-through Gumbel-softmax), each on two independent halves of the samples.
-``qeebm.gradient_bias.agreement`` turns them into cosines corrected for the estimates' noise. Writes
-``OUT/gradient_bias.json`` and ``OUT/gradient_bias.md``.
+softmax, straight-through Gumbel-softmax, ReinMax), each on two independent halves of the samples.
+``qeebm.gradient_bias.agreement`` turns them into cosines corrected for the estimates' noise. Then, at
+equal compute, ``--groups`` independent K-sample estimates of every estimator (REINFORCE-LOO, the
+relaxations, loo-cv) for K = 2, 4, 8 (REINFORCE up to 24, the K that costs what the others cost in
+QE passes): each one's signal-to-noise ratio, bias, and the cosine of a single estimate with the true
+gradient. Writes ``OUT/gradient_bias.json`` and ``OUT/gradient_bias.md``.
 """
 
 from __future__ import annotations
@@ -25,7 +28,12 @@ try:
 except ImportError:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-RELAXATIONS = ("st", "softmax", "gumbel-st")
+RELAXATIONS = ("st", "softmax", "gumbel-st", "reinmax")
+# Equal compute: every estimator at K = 2, 4, 8 samples per source; REINFORCE (forward passes only)
+# also at the K whose QE cost matches theirs.
+KS = (2, 4, 8)
+REINFORCE_KS = (2, 4, 6, 8, 12, 16, 24)
+ESTIMATORS = ("reinforce", "st", "softmax", "reinmax", "loo-cv")
 
 
 def main(argv=None) -> int:
@@ -37,6 +45,9 @@ def main(argv=None) -> int:
     p.add_argument("--sources", type=int, default=8, help="dev sentences (default %(default)s)")
     p.add_argument("--samples", type=int, default=1024, help="samples per sentence, even (default %(default)s)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--groups", type=int, default=64,
+                   help="independent K-sample estimates per estimator and K for the equal-compute table "
+                        "(default %(default)s; 0 skips it)")
     args = p.parse_args(argv)
 
     import torch
@@ -44,7 +55,8 @@ def main(argv=None) -> int:
     from qeebm.config import ModelConfig
     from qeebm.data import read_corpus
     from qeebm.config import CorpusConfig
-    from qeebm.gradient_bias import agreement, draw, relaxed_gradient, score_function_gradient
+    from qeebm.gradient_bias import (agreement, cv_weight, draw, estimate, group_rows, qe_cost, QE_PASSES,
+                                     relaxed_gradient, score_function_gradient, signal_to_noise)
     from qeebm.qe.energy import load_energy
     from qeebm.translator import Translator
 
@@ -59,6 +71,40 @@ def main(argv=None) -> int:
              f"(two halves of {args.samples // 2}), translator {args.model}.", "",
              "| QE | relaxation | cosine (halves) | relaxed split-half | unbiased split-half | corrected cosine | "
              "norm ratio |", "|:--|:--|--:|--:|--:|--:|--:|"]
+    snr_lines = [f"Equal compute: {args.groups} independent estimates per estimator and K (K samples of each of the "
+                 f"{args.sources} sentences, as one training step forms them); QE cost = QE forward passes per "
+                 "sentence, a backward pass to the QE's inputs counted as 2. SNR: a single estimate's |E g|^2 / "
+                 "E|g - E g|^2; corrected cosine: the estimator's expectation against the true gradient (its bias); "
+                 "single-estimate cosine: one estimate against the true gradient, bias and noise together (mean, "
+                 "its standard error).", "",
+                 "| QE | estimator | K | QE cost | SNR | corrected cosine | single-estimate cosine |",
+                 "|:--|:--|--:|--:|--:|--:|--:|"]
+
+    def equal_compute(tr, energy, d, unbiased, args, out_lines, qe_name) -> dict:
+        table = {}
+        for estimator in ESTIMATORS:
+            for k in (REINFORCE_KS if estimator == "reinforce" else KS):
+                groups = min(args.groups, args.samples // k if estimator == "reinforce" else args.samples // 2 // k)
+                eta = 1.0
+                if estimator == "loo-cv":
+                    # Fitted, as training fits it, on samples no estimate below uses (the second half).
+                    fits = [cv_weight(tr, energy, d, group_rows(d, k, args.samples // 2 // k + g), k)
+                            for g in range(min(8, args.samples // 2 // k))]
+                    eta = sum(fits) / len(fits)
+                g = torch.Generator().manual_seed(args.seed + 2)
+                t0 = time.perf_counter()
+                est = torch.stack([estimate(tr, energy, d, group_rows(d, k, i), k, estimator, eta=eta, generator=g)
+                                   for i in range(groups)])
+                stats = signal_to_noise(est, unbiased) | {"qe_cost": qe_cost(estimator, k), "eta": eta,
+                                                          "groups": groups, "seconds": time.perf_counter() - t0,
+                                                          "qe_passes": QE_PASSES[estimator]}
+                table[f"{estimator}@{k}"] = stats
+                out_lines.append(f"| {qe_name} | {estimator}{f' (eta {eta:.2f})' if estimator == 'loo-cv' else ''} | {k} | "
+                                 f"{stats['qe_cost']:g} | {stats['snr']:.3f} | {stats['corrected']:.3f} | "
+                                 f"{stats['single_cosine']:.3f} ± {stats['single_cosine_se']:.3f} |")
+                print(out_lines[-1], flush=True)
+        return table
+
     for name in args.qes.split(","):
         start = time.perf_counter()
         energy = load_energy(str(world / "qe" / name), tr, freeze=True)
@@ -74,9 +120,14 @@ def main(argv=None) -> int:
             rows[relaxation] = a
             lines.append(f"| {name} | {relaxation} | {a['cosine']:.3f} | {a['relaxed_split_half']:.3f} | "
                          f"{a['unbiased_split_half']:.3f} | {a['corrected']:.3f} | {a['norm_ratio']:.3g} |")
+        if args.groups:
+            # Fresh draws: estimates that shared samples with the truth would share its noise too.
+            fresh = draw(tr, energy, src, args.samples, refs=ref if energy.needs_reference else None)
+            rows["equal_compute"] = equal_compute(tr, energy, fresh, unbiased, args, snr_lines, name)
         rows["seconds"] = time.perf_counter() - start
         result["qes"][name] = rows
         print(lines[-1], flush=True)
+    lines += ["", *snr_lines] if args.groups else []
     (out / "gradient_bias.json").write_text(json.dumps(result, indent=2) + "\n")
     (out / "gradient_bias.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -34,6 +34,20 @@ def leave_one_out(x: Tensor, k: int) -> Tensor:
     return ((groups.sum(1, keepdim=True) - groups) / (k - 1)).reshape(x.shape)
 
 
+def control_terms(logits: Tensor, tokens: Tensor, content: Tensor, grads: Tensor, table: Tensor) -> tuple[Tensor, Tensor]:
+    """``expected`` (gbar_t . p_t, differentiable in the logits) and ``taken`` (gbar_t[y_t]), both
+    ``[R, T]``, for the policy's logits ``[R, T, V]`` (the sampler's distribution), the emitted
+    ``tokens`` ``[R, T]``, the ``content`` steps the QE reads and the other samples' QE gradients
+    ``grads`` ``[R, T, H]`` at each step's bridged embedding (``Energy.token_gradients``): with the
+    bridge table ``B`` ``[V, H]``, gbar_t = B g_t, so gbar_t . p_t = (p_t @ B) . g_t and only the
+    content rows are projected."""
+    grads = grads.to(logits.dtype)
+    rows = (torch.softmax(logits[content], dim=-1) @ table.to(logits.dtype) * grads[content]).sum(-1)  # [N]
+    expected = torch.zeros(tokens.shape, dtype=logits.dtype, device=logits.device).masked_scatter(content, rows)
+    taken = (table.to(logits.dtype)[tokens.clamp(0, table.shape[0] - 1)] * grads).sum(-1)
+    return expected, taken
+
+
 @dataclass
 class Surrogate:
     """``value``: a scalar whose gradient is the estimate of ``grad sum_k f(y_k)`` (its value means

@@ -54,7 +54,7 @@ from qeebm.errors import QeebmError
 from qeebm.guards import check, hit_rates
 from qeebm.methods.base import Batch, Method, StepOutput
 from qeebm.methods.common import label_smoothed_ce, mono_references, upcast
-from qeebm.methods.control_variate import CvWeight, leave_one_out, surrogate
+from qeebm.methods.control_variate import CvWeight, control_terms, leave_one_out, surrogate
 from qeebm.methods.sampling import mono_sources, sample, sampling_config
 from qeebm.qe.dynamic import DynamicQE, heldout_path
 from qeebm.qe.dynamic import check_config as check_qe_config
@@ -313,12 +313,8 @@ class QeEbm(Method):
         logp, _ = sequence_logprobs(logits, r.mt_ids, r.actions)  # [R, T]
         content = self.energy.bridge.content_mask(r.mt_ids, r.mt_mask) & r.actions.bool()
         with torch.no_grad():
-            table = self.energy.bridge.table(self.energy._word_embeddings().weight).to(logits.dtype)  # [V, H]
-        grads = r.token_grads.to(logits.dtype)  # [R, T, H]
-        # gbar_t . p_t = (p_t @ B) . g_t, differentiable in p_t; only the content rows are projected.
-        rows = (torch.softmax(logits[content], dim=-1) @ table * grads[content]).sum(-1)  # [N]
-        expected = torch.zeros_like(logp).masked_scatter(content, rows)
-        taken = (table[r.mt_ids.clamp(0, table.shape[0] - 1)] * grads).sum(-1)  # [R, T] gbar_t[y_t]
+            table = self.energy.bridge_table()  # [V, H]
+        expected, taken = control_terms(logits, r.mt_ids, content, r.token_grads, table)  # [R, T]
         f = -self.energy_of(r)
         s = surrogate(logp, r.actions.bool(), expected, taken, content, f, self.k, eta)
         sums = s.sums

@@ -194,6 +194,10 @@ class Energy(nn.Module):
             alignment = self.align(mt_ids, mt_mask)
         return self._score(src, self._check_reference(ref, len(src)), alignment, None)
 
+    def bridge_table(self) -> Tensor:
+        """The bridge table ``B`` ``[V_nmt, H]``: each translator token's QE-side embedding."""
+        return self.bridge.table(self._word_embeddings().weight)
+
     def texts(self, mt_ids: Tensor, mt_mask: Tensor) -> list[str]:
         """The texts the QE reads for ``[B, T]`` translator ids and their mask (no alignment built)."""
         return self.bridge.decode(mt_ids, mt_mask)
