@@ -110,3 +110,50 @@ def test_draw_scores_every_sample_and_the_relaxed_gradient_is_qe_ebms(translator
     grads = torch.autograd.grad(-e.sum() / 3, params, allow_unused=True)
     want = torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1) for g, p in zip(grads, params)])
     assert torch.allclose(got, want, atol=1e-6, rtol=1e-4)
+
+
+def test_signal_to_noise_of_synthetic_estimates():
+    # 400 estimates = mu + N(0, sigma^2 I) in 1,000 dimensions: SNR = |mu|^2 / (1000 sigma^2) = 0.25;
+    # the estimator is unbiased (corrected cosine 1); one estimate's cosine with the truth is
+    # |mu| / sqrt(|mu|^2 + 1000 sigma^2) = sqrt(0.2). A biased estimator (a rotated mean) shows it.
+    from qeebm.gradient_bias import signal_to_noise
+
+    g = torch.Generator().manual_seed(0)
+    mu = torch.zeros(1000, dtype=torch.float64)
+    mu[:250] = 1.0  # |mu|^2 = 250
+    sigma = 1.0
+    truth_halves = tuple(mu + 0.2 * torch.randn(1000, generator=g, dtype=torch.float64) for _ in range(2))
+    est = mu + sigma * torch.randn(400, 1000, generator=g, dtype=torch.float64)
+    stats = signal_to_noise(est, truth_halves)
+    assert stats["snr"] == pytest.approx(0.25, rel=0.1)
+    assert stats["corrected"] == pytest.approx(1.0, abs=0.05)
+    assert stats["single_cosine"] == pytest.approx(math.sqrt(0.2), abs=0.02)
+    biased = torch.zeros(1000, dtype=torch.float64)
+    biased[125:375] = 1.0  # half along mu, half orthogonal: cosine 0.5
+    assert signal_to_noise(biased + sigma * torch.randn(400, 1000, generator=g, dtype=torch.float64),
+                           truth_halves)["corrected"] == pytest.approx(0.5, abs=0.05)
+
+
+def test_group_estimates_are_the_training_step_estimators(translator):
+    """estimate() with 'reinforce' over one half's rows is score_function_gradient; a relaxation's is
+    relaxed_gradient; loo-cv at weight 0 is leave-one-out REINFORCE on the same rows."""
+    from qe_helpers import kiwi_dir
+
+    from qeebm.gradient_bias import estimate, group_rows, qe_cost
+    from qeebm.qe.energy import load_energy
+
+    energy = load_energy(str(kiwi_dir()), translator, freeze=True)
+    torch.manual_seed(2)
+    d = draw(translator, energy, ["the cat sees a dog.", "i am here."], 8, max_new_tokens=8)
+    rows = group_rows(d, 4, 1)  # samples 4..7 of each source
+    assert rows.tolist() == [4, 5, 6, 7, 12, 13, 14, 15]
+    reinforce = estimate(translator, energy, d, rows, 4, "reinforce")
+    assert torch.allclose(estimate(translator, energy, d, rows, 4, "loo-cv", eta=0.0), reinforce, atol=1e-6)
+    assert not torch.allclose(estimate(translator, energy, d, rows, 4, "loo-cv", eta=1.0), reinforce, atol=1e-6)
+    # The halves of draw() alternate; estimate() on a half's rows with k = n / 2 is the half's estimate.
+    half = (d.half == 0).nonzero().squeeze(1)
+    assert torch.allclose(estimate(translator, energy, d, half, 4, "reinforce"),
+                          score_function_gradient(translator, d, 0), atol=1e-6, rtol=1e-4)
+    assert torch.allclose(estimate(translator, energy, d, half, 4, "st"), relaxed_gradient(translator, energy, d, 0, "st"),
+                          atol=1e-6, rtol=1e-4)
+    assert qe_cost("reinforce", 8) == 8 and qe_cost("st", 2) == 6 and qe_cost("softmax", 2) == 8
