@@ -40,21 +40,24 @@ EXTRA_GRADIENT_PASSES = ("measuring each loss term's gradient takes extra autogr
                          "backward passes of its own and reduces mid-step")
 
 
-def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "").lower() == "true"
+def _env_flag(name: str, env=None) -> bool:
+    return (os.environ if env is None else env).get(name, "").lower() == "true"
 
 
-def check_backend_request(cfg=None) -> None:
-    """Refuse, before anything is loaded, a backend that shards the weights (accelerate launch's env),
-    and with a run's ``cfg``, what that run cannot do under the backend."""
-    if _env_flag("ACCELERATE_USE_FSDP"):
+def check_backend_request(cfg=None, env=None) -> None:
+    """Refuse, before anything is loaded, a backend that shards the weights, and with a run's
+    ``cfg``, what that run cannot do under the backend. ``env``: the variables accelerate's launcher
+    gives the processes (default: this process's own); a recipe's check passes those the launch it
+    plans for will give, so that it refuses what the workers would."""
+    env = os.environ if env is None else env
+    if _env_flag("ACCELERATE_USE_FSDP", env):
         raise QeebmError(f"FSDP is not supported: {UNSHARDED_WEIGHTS}; use DeepSpeed ZeRO-2 "
                          "(recipes/accelerate/deepspeed_zero2.yaml: gradients and optimiser state sharded) or DDP")
-    if _env_flag("ACCELERATE_USE_DEEPSPEED") and os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE", "2") == "3":
+    deepspeed = _env_flag("ACCELERATE_USE_DEEPSPEED", env)
+    if deepspeed and env.get("ACCELERATE_DEEPSPEED_ZERO_STAGE", "2") == "3":
         raise QeebmError(f"DeepSpeed ZeRO-3 is not supported: {UNSHARDED_WEIGHTS}; use ZeRO-2 "
                          "(recipes/accelerate/deepspeed_zero2.yaml)")
-    if (cfg is not None and _env_flag("ACCELERATE_USE_DEEPSPEED") and cfg.method == "qe-ebm"
-            and cfg.qe_ebm.weighting == "relative"):
+    if cfg is not None and deepspeed and cfg.method == "qe-ebm" and cfg.qe_ebm.weighting == "relative":
         raise QeebmError(f"qe_ebm.weighting=relative is not supported under DeepSpeed: {EXTRA_GRADIENT_PASSES}; "
                          "use qe_ebm.weighting=absolute, or DDP")
 

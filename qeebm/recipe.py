@@ -41,7 +41,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional, Union
+from typing import Callable, Mapping, Optional, Union
 
 from qeebm import resources
 from qeebm.config import EXTRA_SYSTEMS, SEEDS, SYSTEMS, Config, data_path_overrides, flat_dict, load_config, to_dict
@@ -57,6 +57,11 @@ REPO = Path(__file__).resolve().parent.parent
 CONFIGS = resources.CONFIGS / "real"
 # Set by `bash RECIPE` for the launch: where a training process notes that it stopped on a signal.
 PREEMPTED_FILE = "QEEBM_PREEMPTED_FILE"
+# Set by `bash RECIPE` for every process it starts (the plan's check, --dry-run, --check, the
+# launch's workers): the accelerate config the launch reads, empty for accelerate's default. Their
+# checks then see that launch's process count, backend and GPUs before it starts, and their fixes
+# name the config file, since `bash` passes no process count to accelerate.
+BASH_LAUNCH = "QEEBM_BASH_LAUNCH"
 DEFAULT_MODEL = "mbart50"
 # What --systems may name: the comparison's systems (run by default) and those run on request.
 KNOWN_SYSTEMS = tuple(dict.fromkeys(SYSTEMS + EXTRA_SYSTEMS))
@@ -191,8 +196,9 @@ def parse_args(argv: list[str], recipe: Union[Recipe, Callable], prog: str) -> a
     p.add_argument("--rerank", nargs="?", type=int, const=DEFAULT_CANDIDATES, default=0, metavar="N",
                    help="also evaluate every run with QE reranking: the best of N beam candidates (default "
                         f"{DEFAULT_CANDIDATES}) by the COMET-Kiwi, as rows SYSTEM+rerank in the comparison")
-    p.add_argument("--processes", type=int, metavar="N", help="plan for N processes (default: the launcher's, "
-                   "WORLD_SIZE; `bash RECIPE` passes the count of the launch it starts)")
+    p.add_argument("--processes", type=int, metavar="N", help="plan for N processes (default: the launch's: the "
+                   "launcher's WORLD_SIZE, or under `bash RECIPE` num_processes of its accelerate config, which N must "
+                   "then equal)")
     p.add_argument("--dry-run", action="store_true", help="print the plan and exit; loads no model or data")
     p.add_argument("--prepare-only", action="store_true", help="download and split the data, then stop")
     p.add_argument("--check", action="store_true",
@@ -239,14 +245,21 @@ def fit_grad_accum(cfg: Config, world: int) -> Optional[int]:
     return sized[0] if sized else fits[-1] if fits else None
 
 
-def split_error(runs: list[Run], world: int, fixed: set[str]) -> QeebmError:
+def _fits(cfg: Config, world: int, system: str, fixed: set[str]) -> bool:
+    """Whether ``cfg``'s global batch splits over ``world`` processes: at the optim.grad_accum the
+    user set (``system`` in ``fixed``), else at one the recipe picks."""
+    if system in fixed:
+        return _split_problem(cfg, world, cfg.optim.grad_accum) is None
+    return fit_grad_accum(cfg, world) is not None
+
+
+def split_error(runs: list[Run], world: int, fixed: set[str], launch: Optional[Launch] = None) -> QeebmError:
     """The plan cannot run on ``world`` processes: which batches do not split and why, the process
-    counts that run all of it, and the batch sizes that would run on ``world`` (one line). ``fixed``:
-    the systems whose optim.grad_accum the user set, which stays as set."""
+    counts that run all of it (and how to set one, for the ``launch`` as it was started), and the
+    batch sizes that would run on ``world`` (one line). ``fixed``: the systems whose optim.grad_accum
+    the user set, which stays as set."""
     def fits(cfg: Config, w: int, system: str) -> bool:
-        if system in fixed:
-            return _split_problem(cfg, w, cfg.optim.grad_accum) is None
-        return fit_grad_accum(cfg, w) is not None
+        return _fits(cfg, w, system, fixed)
 
     def with_batch(cfg: Config, size: int) -> Config:
         return dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, batch_size=size))
@@ -271,8 +284,8 @@ def split_error(runs: list[Run], world: int, fixed: set[str]) -> QeebmError:
         common = max(set(larger.values()), key=list(larger.values()).count)
         sets = [f"--set optim.batch_size={common}"] + [f"--set {n}:optim.batch_size={b}" for n, b in larger.items()
                                                         if b != common]
-    fix = (f"process counts that run every system of this plan: {', '.join(map(str, counts))} "
-           "(accelerate launch --num_processes N, or num_processes in the --accelerate-config file)"
+    how = (launch or Launch(world)).count_fix("N")
+    fix = (f"process counts that run every system of this plan: {', '.join(map(str, counts))} ({how})"
            if counts else "no process count runs every system of this plan as configured")
     if sets:
         fix += f"; or, on {world}, {' '.join(sets)} (a larger batch than configured: say so when reporting)"
@@ -280,17 +293,147 @@ def split_error(runs: list[Run], world: int, fixed: set[str]) -> QeebmError:
     return QeebmError(f"{world} processes cannot split the global batch of every run exactly ({why}). Fix: {fix}")
 
 
-def process_count(args: argparse.Namespace) -> int:
-    """The processes the plan is for: the launcher's (WORLD_SIZE), or --processes (what `bash RECIPE`
-    passes for the launch it is about to start)."""
-    launched = os.environ.get("WORLD_SIZE")
+# ----------------------------------------------------------------------------------------------
+# The launch: the processes, backend and GPUs a plan is checked against
+
+
+@dataclass(frozen=True)
+class Launch:
+    """The launch this process plans for (``current_launch``): its processes over all machines,
+    whether they take a GPU each (and which ones accelerate gives them), the accelerate variables
+    they get (the backend), and how it was started: ``bash`` (RECIPE), ``accelerate`` (launch, or
+    another launcher) or ``python`` (RECIPE, one plain process), for the fixes its errors suggest."""
+
+    processes: int
+    machines: int = 1
+    gpus: bool = False
+    gpu_ids: Optional[str] = None  # "0,1": the GPUs accelerate makes visible; None or "all": every one
+    env: Mapping[str, str] = field(default_factory=dict)
+    by: str = "python"
+    config: Optional[str] = None  # the accelerate config file it reads, where known
+
+    @property
+    def per_machine(self) -> int:
+        return max(self.processes // self.machines, 1)
+
+    def name(self) -> str:
+        if self.by == "bash":
+            return self.config or "accelerate's default launch (no config file)"
+        return "this launch" if self.by == "accelerate" else "this process"
+
+    def count_fix(self, n: Union[int, str]) -> str:
+        """How to start ``n`` processes in all (a count, or "N"), given how this launch was started."""
+        if self.by == "bash":
+            if n == 1:
+                return "pass --accelerate-config recipes/accelerate/single_gpu.yaml (one process)"
+            where = (f"in {self.config} or in a copy of it" if self.config else
+                     "in a copy of recipes/accelerate/multi_gpu.yaml")
+            return (f"set num_processes: {n} {where} passed as --accelerate-config: `bash` launches with the "
+                    "config's count")
+        if self.by == "accelerate":
+            if n == 1:
+                return "accelerate launch --config_file recipes/accelerate/single_gpu.yaml ..."
+            return f"accelerate launch --num_processes {n} ..., or num_processes: {n} in its --config_file"
+        return f"accelerate launch --num_processes {n}, or num_processes in the --accelerate-config file"
+
+
+def _launch_backend(args: argparse.Namespace) -> dict[str, str]:
+    """The backend variables accelerate's launchers export for these launch arguments
+    (accelerate.utils.launch: prepare_multi_gpu_env, prepare_deepspeed_cmd_env): those that
+    qeebm.backends.check_backend_request reads."""
+    if args.cpu:
+        return {}
+    if args.use_fsdp:
+        return {"ACCELERATE_USE_FSDP": "true"}
+    if args.use_deepspeed:
+        stage = getattr(args, "zero_stage", None)
+        return {"ACCELERATE_USE_DEEPSPEED": "true", **({} if stage is None else
+                                                        {"ACCELERATE_DEEPSPEED_ZERO_STAGE": str(stage)})}
+    return {}
+
+
+def read_launch(config: Optional[str]) -> Optional[Launch]:
+    """The launch `bash RECIPE` starts, ``accelerate launch [--config_file CONFIG] RECIPE``, as
+    accelerate itself reads it: the config's values, else its default config's, else one process
+    per GPU. None where this accelerate has no such reader (a private function): the launch's
+    workers then check the plan, under accelerate's variables."""
+    try:
+        from accelerate.commands.config import default_config_file
+        from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    except ImportError:
+        return None
+
+    args = launch_command_parser().parse_args([*(["--config_file", config] if config else []), "recipe"])
+    logging.disable(logging.WARNING)  # its notes on values it filled in are for the launch itself
+    try:
+        args = _validate_launch_command(args)[0]
+    except ValueError as err:
+        raise QeebmError(f"accelerate launch{' --config_file ' + config if config else ''}: {err}") from None
+    finally:
+        logging.disable(logging.NOTSET)
+    cpu = (args.cpu or bool(getattr(args, "use_cpu", False))
+           or os.environ.get("ACCELERATE_USE_CPU", "").lower() == "true")
+    gpu_ids = None if args.gpu_ids is None else str(args.gpu_ids)
+    file = config or (default_config_file if os.path.isfile(default_config_file) else None)
+    return Launch(int(args.num_processes or 1), int(args.num_machines or 1), gpus=not cpu, gpu_ids=gpu_ids,
+                  env={**os.environ, **_launch_backend(args)}, by="bash", config=file)
+
+
+def current_launch() -> Launch:
+    """The launch this process belongs to: the one `bash RECIPE` starts (BASH_LAUNCH), read from its
+    accelerate config; else the launcher's this process runs under (its variables); else one plain
+    process."""
+    if BASH_LAUNCH in os.environ:
+        launch = read_launch(os.environ[BASH_LAUNCH] or None)
+        if launch is not None:
+            return launch
+    world = os.environ.get("WORLD_SIZE")
+    if world is None:
+        return Launch(1, env=os.environ)
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    cpu = os.environ.get("ACCELERATE_USE_CPU", "").lower() == "true"
+    return Launch(int(world), max(int(world) // local, 1), gpus=not cpu, env=os.environ, by="accelerate")
+
+
+def process_count(args: argparse.Namespace, launch: Launch) -> int:
+    """The processes the plan is for: the launch's (its launcher's WORLD_SIZE; what the accelerate
+    config of `bash RECIPE` starts), else --processes, else one."""
+    launched = None if launch.by == "python" else launch.processes
     if args.processes is not None:
         if args.processes < 1:
             raise QeebmError(f"--processes must be at least 1; got {args.processes}")
-        if launched is not None and int(launched) != args.processes:
+        if launched is not None and launched != args.processes:
+            if launch.by == "bash":  # the count is the config's: say how to change it there
+                raise QeebmError(f"--processes {args.processes}, but {launch.name()} starts {launched} processes; "
+                                 f"to run {args.processes}: {launch.count_fix(args.processes)}")
             raise QeebmError(f"--processes {args.processes}, but this launch has {launched} processes")
         return args.processes
-    return int(launched or 1)
+    return launched or 1
+
+
+def check_gpus(launch: Launch, runs: list[Run], fixed: set[str]) -> None:
+    """Refuse a launch that starts more processes on a machine than it has GPUs: accelerate gives
+    each process the GPU of its local rank, and those past the last fail at start-up. The fix is the
+    largest count the GPUs take that splits every run's batch. A machine without any GPU runs every
+    launch on CPU processes (qeebm.backends.make_accelerator): nothing to compare there."""
+    if not launch.gpus or launch.per_machine < 2:
+        return
+    import torch
+
+    present = torch.cuda.device_count()
+    ids = None if launch.gpu_ids in (None, "all") else [i for i in launch.gpu_ids.split(",") if i.strip()]
+    usable = present if ids is None else min(present, len(ids))
+    if present == 0 or launch.per_machine <= usable:
+        return
+    counts = [launch.machines * n for n in range(usable, 0, -1)]
+    fit = next((n for n in counts if all(_fits(r.cfg, n, r.system, fixed) for r in runs)), None)
+    machines = f" on each of its {launch.machines} machines" if launch.machines > 1 else ""
+    have = f"{usable} GPU{'s' if usable != 1 else ''}" + (f" (gpu_ids {launch.gpu_ids} of {present})" if ids else "")
+    fix = launch.count_fix(fit) if fit else f"no count up to {counts[0]} splits every run's batch"
+    if fit and fit != counts[0]:
+        fix += f" ({fit}: the most processes the GPUs take that split every run's batch)"
+    raise QeebmError(f"{launch.name()} starts {launch.per_machine} processes{machines}, one per GPU, but this machine "
+                     f"has {have} (torch.cuda.device_count()). Fix: {fix}")
 
 
 def resolve_recipe(recipe: Union[Recipe, Callable], args: argparse.Namespace) -> Recipe:
@@ -311,10 +454,12 @@ def build_plan(recipe: Recipe, args: argparse.Namespace) -> Plan:
     # The pair must exist in the model's language table, whatever the tiny world stands in with.
     to_model_code(recipe.src_lang, choice.family)
     to_model_code(recipe.tgt_lang, choice.family)
-    # FSDP and ZeRO-3 shard the weights every method samples from: refused before the data download.
+    # FSDP and ZeRO-3 shard the weights every method samples from: refused before the data download,
+    # as the launch's workers would refuse them (under `bash`, before it starts them).
     from qeebm.backends import check_backend_request
 
-    check_backend_request()
+    launch = current_launch()
+    check_backend_request(env=launch.env)
     systems = recipe.systems
     if args.systems:
         systems = tuple(s.strip() for s in args.systems.split(",") if s.strip())
@@ -329,7 +474,7 @@ def build_plan(recipe: Recipe, args: argparse.Namespace) -> Plan:
     if args.rerank < 0:
         raise QeebmError(f"--rerank takes a number of candidates of at least 1; got {args.rerank}")
     out = Path(args.out or REPO / "runs" / "recipes" / recipe.name)
-    world = process_count(args)
+    world = process_count(args, launch)
     tiny = Path(args.tiny).resolve() if args.tiny else None
     notes = []
     if tiny is not None:
@@ -383,8 +528,9 @@ def build_plan(recipe: Recipe, args: argparse.Namespace) -> Plan:
                     cfg = load_config(path, overrides + user)
             runs.append(Run(system, seed, path, overrides + user, cfg))
             splits &= ok
+    check_gpus(launch, runs, fixed)
     if not splits:
-        raise split_error(runs, world, fixed)
+        raise split_error(runs, world, fixed, launch)
     precisions = {r.cfg.optim.mixed_precision for r in runs}
     if len(precisions) > 1:
         # accelerate keeps one mixed-precision state per process, fixed by the first run.
@@ -663,31 +809,12 @@ def main(recipe: Union[Recipe, Callable], argv: Optional[list[str]] = None, prog
     return 0
 
 
-def launch_processes(config: Optional[str]) -> Optional[int]:
-    """How many processes ``accelerate launch [--config_file CONFIG] RECIPE`` starts, as accelerate
-    itself reads it: the config's num_processes, else its default config's, else one per GPU. None
-    where this accelerate has no such reader (a private function): the launch then checks the plan."""
-    try:
-        from accelerate.commands.launch import _validate_launch_command, launch_command_parser
-    except ImportError:
-        return None
-
-    args = launch_command_parser().parse_args([*(["--config_file", config] if config else []), "recipe"])
-    logging.disable(logging.WARNING)  # its notes on values it filled in are for the launch itself
-    try:
-        args = _validate_launch_command(args)[0]
-    except ValueError as err:
-        raise QeebmError(f"accelerate launch{' --config_file ' + config if config else ''}: {err}") from None
-    finally:
-        logging.disable(logging.NOTSET)
-    return int(args.num_processes or 1)
-
-
 def relaunch(script: str, args: list[str]) -> int:
     """``bash RECIPE ARGS``: run the recipe file through ``accelerate launch`` with this Python, the
     config from --accelerate-config (or QEEBM_ACCELERATE_CONFIG), else accelerate's own default
-    config. A dry run, --check or --help needs no launcher; they plan for the process count the
-    launch would have. --qe-check runs in this one process."""
+    config. A dry run, --check or --help needs no launcher; they plan for the launch as it would
+    start (``current_launch``: its process count, backend and GPUs). --qe-check runs in this one
+    process."""
     py = sys.executable
     if any(a in ("--qe-check", "-h", "--help") for a in args):
         os.execv(py, [py, script, *args])
@@ -707,18 +834,12 @@ def relaunch(script: str, args: list[str]) -> int:
     if config and not Path(config).is_file():
         print(f"error: accelerate config file not found: {config}", file=sys.stderr)
         return 2
-    planned = rest
-    if not any(a == "--processes" or a.startswith("--processes=") for a in rest):
-        try:
-            count = launch_processes(config)
-        except QeebmError as err:
-            print(f"error: {err}", file=sys.stderr)
-            return 2
-        planned = rest if count is None else [*rest, "--processes", str(count)]
+    # Every process started from here plans for this launch (current_launch): its count, backend, GPUs.
+    os.environ[BASH_LAUNCH] = config or ""
     if any(a in ("--dry-run", "--check") for a in rest):
-        os.execv(py, [py, script, *planned])
+        os.execv(py, [py, script, *rest])
     # A bad request is a one-line error and exit 2 here, not a launcher traceback around it.
-    checked = subprocess.run([py, script, *planned, "--check-plan"])
+    checked = subprocess.run([py, script, *rest, "--check-plan"])
     if checked.returncode:
         return checked.returncode
     cmd = [py, "-m", "accelerate.commands.launch", *(["--config_file", config] if config else []), script, *rest]

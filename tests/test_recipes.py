@@ -22,7 +22,7 @@ from qeebm.config import load_config
 from qeebm.data_prep import HubCorpus, carve, iwslt2017, opus100, pairs_from_rows, split_train, ted_multi
 from qeebm.errors import QeebmError
 from qeebm.pairs import PAIRS
-from qeebm.recipe import KNOWN_SYSTEMS, METRICS, SYSTEMS, Recipe, build_plan, format_plan, main, parse_args
+from qeebm.recipe import BASH_LAUNCH, KNOWN_SYSTEMS, METRICS, SYSTEMS, Recipe, build_plan, format_plan, main, parse_args
 
 REPO = Path(__file__).resolve().parent.parent
 RECIPES = REPO / "recipes"
@@ -300,6 +300,167 @@ def test_check_plans_for_the_process_count_of_the_launch_bash_starts(micro_world
     err = proc.stderr.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: 8 processes cannot split the global batch of every run")
     assert "on 8, --set ppo:optim.batch_size=40" in err[0] and proc.stdout == ""
+    # The fix is one a `bash` user can apply: the config's count, not accelerate's command line.
+    assert f"(set num_processes: N in {RECIPES / 'accelerate' / 'two_nodes.yaml'} or in a copy" in err[0]
+    assert "accelerate launch --num_processes" not in err[0]
+
+
+# ----------------------------------------------------------------------------------------------
+# The launch a check plans for: its backend and its processes against the GPUs present
+
+
+ACCELERATE = RECIPES / "accelerate"
+
+
+def recipe_under(monkeypatch, capsys, argv, gpus=0, bash=None, env=None):
+    """``main`` as a process of a launch: the one `bash RECIPE` starts with the accelerate config
+    ``bash`` ("" for accelerate's default), or a launcher's with the variables ``env``; on a machine
+    with ``gpus`` GPUs. Returns the exit code and stdout, stderr."""
+    import torch
+
+    monkeypatch.delenv(BASH_LAUNCH, raising=False)
+    for key in ("WORLD_SIZE", "LOCAL_WORLD_SIZE", "ACCELERATE_USE_CPU", "ACCELERATE_USE_FSDP",
+                "ACCELERATE_USE_DEEPSPEED"):
+        monkeypatch.delenv(key, raising=False)
+    if bash is not None:
+        monkeypatch.setenv(BASH_LAUNCH, str(bash))
+    for key, value in (env or {}).items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    capsys.readouterr()
+    code = main(EN_MN, list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def with_processes(tmp_path, config: Path, processes: int) -> Path:
+    """A copy of ``config`` with num_processes set, as a fix asks."""
+    data = yaml.safe_load(config.read_text())
+    data["num_processes"] = processes
+    path = tmp_path / f"{config.stem}-{processes}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.mark.parametrize("config,gpus,per_machine,fixed", [
+    ("multi_gpu", 2, "4 processes", 2),
+    ("multi_gpu", 3, "4 processes", 2),  # 3 takes the GPUs but does not split 16
+    ("multi_gpu", 1, "4 processes", 1),
+    ("two_nodes", 2, "4 processes on each of its 2 machines", 4),
+])
+def test_check_refuses_more_processes_than_the_gpus_present_with_a_fix_that_works(
+        config, gpus, per_machine, fixed, monkeypatch, capsys, tmp_path, quiet_qeebm_logger):
+    path = ACCELERATE / f"{config}.yaml"
+    argv = ["--seeds", "1", "--out", str(tmp_path / "out")]
+    for mode in ("--check", "--dry-run"):
+        code, out, err = recipe_under(monkeypatch, capsys, [mode, *argv], gpus=gpus, bash=path)
+        assert code == 2 and out == "", out  # before the access check: nothing printed, nothing asked of the hub
+        lines = err.strip().splitlines()
+        assert len(lines) == 1
+        assert lines[0].startswith(f"error: {path} starts {per_machine}, one per GPU, but this machine has {gpus} GPU")
+    if fixed == 1:
+        assert lines[0].endswith("Fix: pass --accelerate-config recipes/accelerate/single_gpu.yaml (one process)")
+        fix = ACCELERATE / "single_gpu.yaml"
+    else:
+        assert f"Fix: set num_processes: {fixed} in {path} or in a copy of it passed as --accelerate-config" in lines[0]
+        assert "accelerate launch --num_processes" not in lines[0]  # `bash` passes no count to accelerate
+        assert ("the most processes the GPUs take" in lines[0]) == (gpus == 3)
+        fix = with_processes(tmp_path, path, fixed)
+    code, out, err = recipe_under(monkeypatch, capsys, ["--dry-run", *argv], gpus=gpus, bash=fix)
+    assert code == 0, err
+    assert f"{fixed} process(es)" in out.splitlines()[0]
+
+
+def test_launches_the_gpus_take_and_cpu_launches_pass(monkeypatch, capsys, tmp_path, quiet_qeebm_logger):
+    argv = ["--dry-run", "--seeds", "1", "--out", str(tmp_path / "out")]
+    multi = ACCELERATE / "multi_gpu.yaml"
+    for gpus in (4, 8):
+        assert recipe_under(monkeypatch, capsys, argv, gpus=gpus, bash=multi)[0] == 0
+    # No GPU: every launch runs on CPU processes, as before (the 2-CPU-process DeepSpeed checks do).
+    for config in ("multi_gpu", "deepspeed_zero2", "single_gpu"):
+        assert recipe_under(monkeypatch, capsys, argv, gpus=0, bash=ACCELERATE / f"{config}.yaml")[0] == 0
+    # gpu_ids limits the GPUs accelerate gives the launch.
+    config = yaml.safe_load(multi.read_text()) | {"gpu_ids": "0,1"}
+    (tmp_path / "ids.yaml").write_text(yaml.safe_dump(config))
+    code, _, err = recipe_under(monkeypatch, capsys, argv, gpus=8, bash=tmp_path / "ids.yaml")
+    assert code == 2 and "but this machine has 2 GPUs (gpu_ids 0,1 of 8)" in err
+    # Under a launcher: its own variables, and a fix in its own terms.
+    code, _, err = recipe_under(monkeypatch, capsys, argv, gpus=2, env={"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "4"})
+    assert code == 2 and err.strip() == (
+        "error: this launch starts 4 processes, one per GPU, but this machine has 2 GPUs (torch.cuda.device_count()). "
+        "Fix: accelerate launch --num_processes 2 ..., or num_processes: 2 in its --config_file")
+    cpu = {"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "4", "ACCELERATE_USE_CPU": "true"}
+    assert recipe_under(monkeypatch, capsys, argv, gpus=2, env=cpu)[0] == 0
+
+
+def worker_refusal(monkeypatch, **env) -> str:
+    """What a launch's workers say, under the variables accelerate gives them."""
+    from qeebm.backends import check_backend_request
+
+    with monkeypatch.context() as m:
+        for key, value in env.items():
+            m.setenv(key, value)
+        with pytest.raises(QeebmError) as err:
+            check_backend_request()
+    return f"error: {err.value}"
+
+
+def test_check_refuses_the_backend_of_the_accelerate_config_as_the_workers_do(monkeypatch, capsys, tmp_path,
+                                                                              quiet_qeebm_logger):
+    fsdp = worker_refusal(monkeypatch, ACCELERATE_USE_FSDP="true")
+    zero3 = worker_refusal(monkeypatch, ACCELERATE_USE_DEEPSPEED="true", ACCELERATE_DEEPSPEED_ZERO_STAGE="3")
+    config = yaml.safe_load((ACCELERATE / "deepspeed_zero2.yaml").read_text())
+    config["deepspeed_config"]["zero_stage"] = 3
+    (tmp_path / "zero3.yaml").write_text(yaml.safe_dump(config))
+    argv = ["--seeds", "1", "--out", str(tmp_path / "out")]
+    for mode in ("--check", "--dry-run"):
+        for path, message in ((ACCELERATE / "fsdp.yaml", fsdp), (tmp_path / "zero3.yaml", zero3)):
+            code, out, err = recipe_under(monkeypatch, capsys, [mode, *argv], bash=path)
+            assert (code, out, err.strip()) == (2, "", message)
+    # ZeRO-2 is what the workers accept.
+    assert recipe_under(monkeypatch, capsys, ["--dry-run", *argv], bash=ACCELERATE / "deepspeed_zero2.yaml")[0] == 0
+
+
+def test_bash_refuses_a_refused_backend_before_it_starts_accelerate(monkeypatch, capfd, tmp_path):
+    # --check and the plan's check before a launch, each in a process of its own, see the config
+    # `bash` launches with, and say what its workers would.
+    import qeebm.recipe
+
+    fsdp = worker_refusal(monkeypatch, ACCELERATE_USE_FSDP="true")
+    args = ["--seeds", "1", "--systems", "sft", "--out", str(tmp_path / "out")]
+    proc = run(["bash", str(RECIPES / "en-mn.sh"), "--check", *args,
+                "--accelerate-config", str(ACCELERATE / "fsdp.yaml")], timeout=60)
+    assert (proc.returncode, proc.stdout, proc.stderr.strip()) == (2, "", fsdp)
+    launched = []
+    monkeypatch.setattr(qeebm.recipe, "supervise", lambda cmd, script: launched.append(cmd) or 0)
+    monkeypatch.setenv(BASH_LAUNCH, "")  # relaunch sets it: restored (unset) after the test
+    script = str(RECIPES / "en-mn.sh")
+    capfd.readouterr()
+    assert qeebm.recipe.relaunch(script, [*args, "--accelerate-config", str(ACCELERATE / "fsdp.yaml")]) == 2
+    assert capfd.readouterr().err.strip() == fsdp and launched == []
+    zero2 = with_processes(tmp_path, ACCELERATE / "deepspeed_zero2.yaml", 1)  # one process: any GPU count
+    assert qeebm.recipe.relaunch(script, [*args, "--accelerate-config", str(zero2)]) == 0
+    assert len(launched) == 1 and launched[0][3:5] == ["--config_file", str(zero2)]
+
+
+def test_process_count_fixes_speak_of_how_the_recipe_was_started(monkeypatch, capsys, tmp_path,
+                                                                  quiet_qeebm_logger):
+    argv = ["--dry-run", "--seeds", "1", "--out", str(tmp_path / "out")]
+    two_nodes = ACCELERATE / "two_nodes.yaml"
+    # `bash`: the count is the config's; under accelerate launch: --num_processes.
+    _, _, err = recipe_under(monkeypatch, capsys, argv, bash=two_nodes)
+    assert f"(set num_processes: N in {two_nodes} or in a copy of it passed as --accelerate-config" in err
+    assert "accelerate launch --num_processes" not in err
+    _, _, err = recipe_under(monkeypatch, capsys, argv, env={"WORLD_SIZE": "8"})
+    assert "(accelerate launch --num_processes N ..., or num_processes: N in its --config_file)" in err
+    # `bash ... --processes N` cannot change the launch's count: refused at the check, not by every worker.
+    multi = ACCELERATE / "multi_gpu.yaml"
+    code, _, err = recipe_under(monkeypatch, capsys, [*argv, "--processes", "2"], bash=multi)
+    assert code == 2 and err.strip() == (
+        f"error: --processes 2, but {multi} starts 4 processes; to run 2: set num_processes: 2 in {multi} or in a "
+        "copy of it passed as --accelerate-config: `bash` launches with the config's count")
+    code, out, _ = recipe_under(monkeypatch, capsys, [*argv, "--processes", "4"], bash=multi)
+    assert code == 0 and "4 process(es)" in out.splitlines()[0]
 
 
 def test_check_fails_in_seconds_naming_every_gated_model(monkeypatch, tmp_path, capsys, quiet_qeebm_logger):
@@ -435,6 +596,23 @@ def test_real_configs_load_and_name_their_system():
         assert cfg.method == ("qe-ebm" if path.stem.startswith("qe-ebm-") else path.stem)
         assert "accelerate launch" in path.read_text(encoding="utf-8").split("\nmethod:")[0]
 
+
+
+def test_training_doc_says_what_the_sft_config_selects_on_and_how_to_select_on_chrf():
+    from qeebm.loop import validation_qe_metrics
+
+    doc = (REPO / "docs" / "training.md").read_text(encoding="utf-8")
+    sft = RECIPES / "configs" / "real" / "sft.yaml"
+    cfg = load_config(sft)
+    # What the doc says the config does: best/ on dev COMET-Kiwi (the gated model), best-chrf/ beside it.
+    assert (cfg.eval.metric, cfg.eval.also_best, cfg.qe.path) == ("kiwi", ["chrf"], "Unbabel/wmt22-cometkiwi-da")
+    assert validation_qe_metrics(cfg) == ["kiwi"]
+    assert "best/ selected on dev COMET-Kiwi" in doc and "(`eval.metric: kiwi`" in doc
+    assert f"`{cfg.qe.path}`, which is gated" in doc and "`eval.also_best: [chrf]`" in doc
+    # The override it gives selects on chrF++ and loads no QE while training.
+    override = re.search(r"add `(eval\.metric=chrf[^`]*)` to the SFT command", doc).group(1).split()
+    chrf = load_config(sft, override)
+    assert chrf.eval.metric == "chrf" and chrf.eval.also_best == [] and validation_qe_metrics(chrf) == []
 
 def test_accelerate_configs_parse():
     from accelerate.commands.config.config_args import load_config_from_file
