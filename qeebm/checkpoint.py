@@ -1,13 +1,15 @@
 """Training checkpoints: write atomically, find the newest, restore everything a resume needs.
 
 A checkpoint is ``<run_dir>/checkpoints/step-XXXXXXX/`` holding ``model.pt`` (state dict of the
-unwrapped model), ``optimizer.pt`` (under DeepSpeed one ``optimizer-<rank>.pt`` per process: each
-holds its partition), ``scheduler.pt``, ``state.json`` (the loop's counters), one ``rng-<rank>.pt``
-per process and, for a method that owns state (``state_dict``/``load_state_dict``: QE-dynamic's QE
-and its optimiser), ``method.pt``. It is assembled in a hidden temporary directory and renamed into
-place only when every process has written its files, so a failed or interrupted save leaves the
-previous checkpoint as the newest complete one; resume ignores anything that is not a ``step-*``
-directory, and older checkpoints are pruned (``output.keep_last``) only after the new one is in place.
+unwrapped model; of a LoRA model only the tensors that train, and ``base.json`` names the frozen base
+they belong to: ``base_record``), ``optimizer.pt`` (under DeepSpeed one ``optimizer-<rank>.pt`` per
+process: each holds its partition), ``scheduler.pt``, ``state.json`` (the loop's counters), one
+``rng-<rank>.pt`` per process and, for a method that owns state (``state_dict``/``load_state_dict``:
+QE-dynamic's QE and its optimiser), ``method.pt``. It is assembled in a hidden temporary directory
+and renamed into place only when every process has written its files, so a failed or interrupted
+save leaves the previous checkpoint as the newest complete one; resume ignores anything that is not a
+``step-*`` directory, and older checkpoints are pruned (``output.keep_last``) only after the new one
+is in place.
 
 A file can still be damaged afterwards (a copy cut short, a failing disk, a sync tool): ``state.json``
 records the size and sha256 of every other file and of its own content (``qeebm.integrity``), and
@@ -20,6 +22,10 @@ Every file is read back with ``torch.load(weights_only=True)``: tensors and plai
 so a checkpoint from elsewhere cannot run code when loaded. DeepSpeed's optimiser partitions hold a
 few of DeepSpeed's own records besides (its loss scaler, the partitions' fragment addresses); those,
 and nothing else, are allowed by name (``_deepspeed_safe_globals``).
+
+A LoRA model's frozen base is most of its weights (mBART-50: 611M parameters against 2.4M in the
+adapters) and never changes, so its checkpoints leave it out: the run loads the base from its config,
+as at the start, and resume checks that it is the one the checkpoint recorded (``check_base``).
 
 ``prepare_run_dir`` decides whether a run resumes: only from its own run directory, and only when
 the config there differs at most in keys that do not change the weights (``RESUMABLE_CHANGES``).
@@ -46,10 +52,12 @@ import yaml
 from qeebm.config import Config, dump_config, flat_dict, saved_sampler_defaults, to_dict, upgrade_keys
 from qeebm.errors import QeebmError, first_line
 from qeebm.integrity import Damaged, check, read_record, seal, unsealed
+from qeebm.translator import weight_files
 
 log = logging.getLogger(__name__)
 
 STATE = "state.json"
+BASE = "base.json"  # a LoRA checkpoint's record of its frozen base
 STEP_DIR = re.compile(r"^step-(\d+)$")
 # Config keys that may change between a run and its resume: they do not change the weights.
 RESUMABLE_CHANGES = ("logging.", "output.", "optim.max_steps", "optim.max_epochs", "optim.min_epochs",
@@ -162,7 +170,8 @@ def _all_ok(accelerator, ok: bool) -> bool:
 
 
 def save_checkpoint(root: Path, step: int, *, model, optimizer, scheduler, state: dict, accelerator, keep_last: int,
-                    method_state: dict | None = None, optimizer_per_process: bool = False) -> Path:
+                    method_state: dict | None = None, optimizer_per_process: bool = False,
+                    base: dict | None = None) -> Path:
     """Write checkpoint ``step`` under ``root`` from every process (collective: all must call).
     ``model`` is the unwrapped translator: its weights are whole on every process under each
     backend the loop runs (backends.py).
@@ -171,7 +180,9 @@ def save_checkpoint(root: Path, step: int, *, model, optimizer, scheduler, state
     own RNG file (and, with ``optimizer_per_process``, its optimiser partition: DeepSpeed) into the
     same temporary directory; the main process renames it into place once all succeeded and then
     keeps only the newest ``keep_last`` checkpoints (``keep_last`` < 1 keeps all). ``method_state``
-    (the method's ``state_dict()``, the same on every process) goes to ``method.pt``.
+    (the method's ``state_dict()``, the same on every process) goes to ``method.pt``. ``base``, for a
+    LoRA model, is its frozen base's ``base_record``: then ``model.pt`` holds only the tensors that
+    train (``trainable_state``) and ``base.json`` the record.
 
     A failed write (disk full, no permission) on any process removes the temporary directory and
     raises ``QeebmError`` naming the checkpoint and the cause on every process; the previous
@@ -195,7 +206,9 @@ def save_checkpoint(root: Path, step: int, *, model, optimizer, scheduler, state
             if optimizer_per_process:
                 torch.save(optimizer.state_dict(), tmp / f"optimizer-{rank}.pt")
             if accelerator.is_main_process:
-                torch.save(model.state_dict(), tmp / "model.pt")
+                torch.save(model.state_dict() if base is None else trainable_state(model), tmp / "model.pt")
+                if base is not None:
+                    (tmp / BASE).write_text(json.dumps(base, indent=1), encoding="utf-8")
                 if not optimizer_per_process:
                     torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
                 torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
@@ -271,9 +284,71 @@ def _deepspeed_safe_globals() -> list:
     return [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
 
 
+def trainable_state(model) -> dict[str, torch.Tensor]:
+    """The entries of ``model``'s state dict that train (``requires_grad``): a LoRA model's adapters
+    and any other parameter left trainable, under every name it has (tied names included)."""
+    state, copies = {}, {}
+    for key, value in model.state_dict(keep_vars=True).items():
+        if value.requires_grad:
+            # Copied, once per parameter: one can be a view into a larger buffer (DeepSpeed's flat
+            # groups), and torch.save writes a view's whole storage.
+            if id(value) not in copies:
+                copies[id(value)] = value.detach().clone()
+            state[key] = copies[id(value)]
+    return state
+
+
 def load_model(path: Path, model) -> None:
-    """The checkpoint's weights into ``model`` (the unwrapped translator), in place."""
-    model.load_state_dict(load_file(Path(path) / "model.pt"))
+    """The checkpoint's weights into ``model`` (the unwrapped translator), in place. A LoRA checkpoint
+    (``base.json``) fills the tensors that train, which must be exactly the model's; the frozen rest
+    stays as loaded (``check_base`` tells whether it is the recorded base)."""
+    path = Path(path)
+    state = load_file(path / "model.pt")
+    if not (path / BASE).is_file():
+        model.load_state_dict(state)
+        return
+    _check_trainable(path / "model.pt", state, model)
+    model.load_state_dict(state, strict=False)
+
+
+def _check_trainable(file: Path, state: dict, model) -> None:
+    """``state`` must be exactly ``model``'s trainable tensors, names and shapes: a partial load
+    would leave the rest as initialised without a word."""
+    want = {k: v.shape for k, v in trainable_state(model).items()}
+    got = {k: v.shape for k, v in state.items()}
+    if got == want:
+        return
+    missing, extra = sorted(want.keys() - got.keys()), sorted(got.keys() - want.keys())
+    shaped = sorted(k for k in want.keys() & got.keys() if want[k] != got[k])
+    raise QeebmError(f"{file}: its tensors are not this model's trainable ones ({len(missing)} missing, "
+                     f"{len(extra)} unknown, {len(shaped)} of another shape; first {(missing + extra + shaped)[0]}): "
+                     "written with other model.lora settings?")
+
+
+def base_record(name_or_path: str) -> dict:
+    """What a LoRA checkpoint records of the frozen base its adapters were trained on: its name (hub
+    id or directory) and a digest of its weight files, the sha256 of their ``seal`` record (each
+    file's size and sha256), which tells another base behind the same name."""
+    root, names = weight_files(name_or_path)
+    return {"name_or_path": name_or_path, "sha256": seal({}, root, names)["sha256"]}
+
+
+def check_base(path: Path, base: dict | None) -> None:
+    """Raise a one-line QeebmError when checkpoint ``path`` holds LoRA adapters trained on another
+    frozen base than ``base`` (this run's ``base_record``; None: the run trains the whole model). A
+    checkpoint of the full state dict needs no base."""
+    path = Path(path)
+    if not (path / BASE).is_file():
+        return
+    saved = read_record(path / BASE)
+    then = f"{saved.get('name_or_path')} (weights sha256 {str(saved.get('sha256'))[:12]})"
+    if base is None:
+        raise QeebmError(f"cannot resume from {path}: it holds only LoRA adapters, trained on {then}, "
+                         "and this run trains the whole model")
+    if saved.get("sha256") != base["sha256"]:
+        now = f"{base['name_or_path']} (weights sha256 {base['sha256'][:12]})"
+        raise QeebmError(f"cannot resume from {path}: its LoRA adapters were trained on the base {then}, "
+                         f"but this run's base is {now}; resume on that base, or start anew in another output.run_dir")
 
 
 def load_training_state(path: Path, *, optimizer, scheduler, accelerator) -> dict:

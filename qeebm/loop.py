@@ -91,6 +91,12 @@ def train(cfg: Config) -> TrainResult:
         # Checked before anything is loaded; a damaged checkpoint is set aside for an older intact one.
         resume_from = ckpt.resume_checkpoint(run_dir / "checkpoints", accelerator) if newest is not None else None
         translator = Translator.load(cfg.model)
+        # A LoRA run's checkpoints hold only what trains, and record the frozen base it needs. Every
+        # process digests the base: each checks it before loading a checkpoint, so all stop alike.
+        base = ckpt.base_record(translator.base_name_or_path) if translator.is_lora else None
+        if base is not None:
+            log.info("LoRA: checkpoints hold the trainable tensors only; frozen base %s (weights sha256 %s)",
+                     base["name_or_path"], base["sha256"][:12])
         train_set, dev_set = load_data(cfg, translator)
 
         model = translator.model
@@ -111,6 +117,7 @@ def train(cfg: Config) -> TrainResult:
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(o.scheduler, o.warmup_steps, budget.max_steps))
         if resume_from is not None:
             # Weights before prepare: DeepSpeed copies them into its own optimiser partitions there.
+            ckpt.check_base(resume_from, base)
             ckpt.load_model(resume_from, model)
         configure_deepspeed(accelerator, cfg)
         prepared, optimizer = accelerator.prepare(module_to_prepare(accelerator, model, extras), optimizer)
@@ -169,7 +176,7 @@ def train(cfg: Config) -> TrainResult:
             ckpt.save_checkpoint(run_dir / "checkpoints", state.step, model=model, optimizer=optimizer, scheduler=scheduler,
                                  state=asdict(state), accelerator=accelerator, keep_last=cfg.output.keep_last,
                                  method_state=method.state_dict(),
-                                 optimizer_per_process=deepspeed_engine(accelerator) is not None)
+                                 optimizer_per_process=deepspeed_engine(accelerator) is not None, base=base)
 
         def stopped_early() -> bool:
             return 0 < cfg.eval.patience <= state.bad_evals and state.step >= budget.min_steps

@@ -97,6 +97,23 @@ def _load_weights(name: str, local: Path | None, config, dropout: float | None):
     return model, original
 
 
+def weight_files(name: str) -> tuple[Path, list[str]]:
+    """Where model ``name``'s weights are read from (a hub id: its snapshot in the local Hugging Face
+    cache) and the weight files there that transformers loads: its safetensors files when there are
+    any (it prefers them), else its PyTorch ones."""
+    from qeebm import hub
+
+    root = _local_dir(name) or hub.cached(name)
+    if root is None:
+        raise QeebmError(f"cannot find the weights of translator '{name}': no local directory of that name, "
+                         "and it is not in the local Hugging Face cache")
+    for pattern in ("model*.safetensors", "pytorch_model*.bin"):
+        names = sorted(p.name for p in root.glob(pattern) if p.is_file())
+        if names:
+            return root, names
+    raise QeebmError(f"{root}: holds no model weights (model*.safetensors or pytorch_model*.bin)")
+
+
 def _has_tokenizer(path: Path) -> bool:
     return (path / "tokenizer_config.json").is_file() or (path / "tokenizer.json").is_file()
 
@@ -288,6 +305,9 @@ class Translator:
     tgt_lang_id: int  # token id of tgt_code: forced as the first generated token
     # The checkpoint's own dropout rates, written back by save() when load() overrode them.
     checkpoint_dropout: dict = field(default_factory=dict, repr=False)
+    # The model the weights were loaded from (hub id or directory): for a LoRA translator the frozen
+    # base, which its training checkpoints leave out (an adapter directory's base, not the adapter).
+    base_name_or_path: str = ""
 
     @classmethod
     def load(cls, cfg: ModelConfig) -> "Translator":
@@ -359,6 +379,7 @@ class Translator:
             tgt_code=tgt_code,
             tgt_lang_id=vocab[tgt_code],
             checkpoint_dropout=original_dropout,
+            base_name_or_path=base_name,
         )
         trainable, total = out.parameter_counts()
         log.info(

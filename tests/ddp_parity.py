@@ -98,12 +98,37 @@ def read_metrics(run_dir: Path) -> list[dict]:
 
 
 def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
-    """Model state of the newest checkpoint in ``run_dir``."""
+    """Model state of the newest checkpoint in ``run_dir`` (of a LoRA run: its trainable tensors)."""
     from qeebm.checkpoint import latest_checkpoint
 
     found = latest_checkpoint(Path(run_dir) / "checkpoints")
     assert found is not None, f"no checkpoint in {run_dir}"
     return torch.load(found / "model.pt", weights_only=True)
+
+
+def assert_only_adapters_trained(before: dict[str, torch.Tensor], run_dir: Path, scaling: float) -> None:
+    """A LoRA run changed its adapters and nothing else. ``before``: the peft model's state dict at the
+    start; ``scaling``: lora alpha / r. The newest checkpoint holds exactly the adapters, each changed;
+    ``final/`` (merged) holds the base as it was, plus ``scaling`` x B @ A on each adapted layer."""
+    from safetensors.torch import load_file
+
+    after = final_weights(run_dir)
+    adapters = sorted(k for k in before if "lora_" in k)
+    assert adapters and sorted(after) == adapters
+    assert [k for k in adapters if torch.equal(before[k], after[k])] == []
+    merged, seen = load_file(str(Path(run_dir) / "final" / "model.safetensors")), set()
+    for key, value in before.items():
+        name = key.removeprefix("base_model.model.").replace(".base_layer.", ".")
+        if "lora_" in key or name not in merged:  # the file keeps one name of tied weights
+            continue
+        if key.endswith(".base_layer.weight"):
+            layer = key.removesuffix("base_layer.weight")
+            delta = after[f"{layer}lora_B.default.weight"] @ after[f"{layer}lora_A.default.weight"]
+            torch.testing.assert_close(merged[name], value + scaling * delta, msg=name)
+        else:
+            assert torch.equal(merged[name], value), name
+        seen.add(name)
+    assert seen == merged.keys()
 
 
 def launch_two(base: Path, run_dir: Path, *args: str, backend: str = "ddp"):

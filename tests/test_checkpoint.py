@@ -6,17 +6,24 @@ from __future__ import annotations
 import errno
 import json
 import random
+import re
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import yaml
+from safetensors.torch import load_file as load_safetensors
+from safetensors.torch import save_file as save_safetensors
 
 from ddp_parity import assert_identical, make_config, read_metrics, write_tiny_world
+from helpers import make_tiny_translator_dir
 from qeebm import checkpoint as ckpt
+from qeebm import integrity
 from qeebm.errors import QeebmError
 from qeebm.loop import train
+from qeebm.translator import Translator
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +54,125 @@ def test_interrupted_run_resumes_exactly(base, tmp_path):
     assert [r["loss"] for r in a] == [r["loss"] for r in b]
     state = ckpt.read_state(ckpt.step_dir(tmp_path / "B" / "checkpoints", 6))
     assert state["step"] == 6 and [v["step"] for v in state["validations"]] == [2, 3, 4, 6]
+
+
+LORA = ["model.lora.enabled=true", "model.lora.r=4", "model.lora.dropout=0.1"]
+
+
+def as_full_state_dict(step: Path, cfg) -> None:
+    """Rewrite LoRA checkpoint ``step`` as one holding the whole state dict and no base record, with
+    its digests: the layout of a LoRA checkpoint written before adapter-only ones."""
+    model = Translator.load(cfg.model).model
+    ckpt.load_model(step, model)
+    torch.save(model.state_dict(), step / "model.pt")
+    (step / ckpt.BASE).unlink()
+    state = integrity.unsealed(json.loads((step / "state.json").read_text()))
+    names = [p.name for p in step.iterdir() if p.name != "state.json"]
+    (step / "state.json").write_text(json.dumps(integrity.seal(state, step, names), indent=1))
+
+
+def test_an_interrupted_lora_run_resumes_exactly_from_its_adapters(base, tmp_path):
+    # Dropout on in the model and the adapters: the result depends on the restored RNG states.
+    common = [*LORA, "model.dropout=null"]
+    train(make_config(base, tmp_path / "A", *common, "optim.max_steps=4"))
+    assert train(make_config(base, tmp_path / "B", *common, "optim.max_steps=2")).step == 2
+    # C: B stopped at step 2 too, its checkpoint in the full-state-dict layout; it resumes as well.
+    shutil.copytree(tmp_path / "B", tmp_path / "C")
+    as_full_state_dict(ckpt.step_dir(tmp_path / "C" / "checkpoints", 2), make_config(base, tmp_path / "C", *common))
+    assert ckpt.load_file(ckpt.step_dir(tmp_path / "C" / "checkpoints", 2) / "model.pt").keys() \
+        > load(tmp_path / "B", 2, "model.pt").keys()
+    straight = read_metrics(tmp_path / "A")
+    for run in ("B", "C"):
+        assert train(make_config(base, tmp_path / run, *common, "optim.max_steps=4")).step == 4
+        for name in ("model.pt", "optimizer.pt", "scheduler.pt"):
+            assert_identical(load(tmp_path / "A", 4, name), load(tmp_path / run, 4, name), f"{run}: {name}")
+        # The merged weights evaluation loads: the frozen base plus the same adapters.
+        assert_identical(load_safetensors(str(tmp_path / "A" / "final" / "model.safetensors")),
+                         load_safetensors(str(tmp_path / run / "final" / "model.safetensors")), f"{run}: final")
+        resumed = read_metrics(tmp_path / run)
+        assert [r["step"] for r in resumed] == [1, 2, 3, 4]
+        assert [r["loss"] for r in resumed] == [r["loss"] for r in straight]
+
+
+def test_a_lora_checkpoint_holds_the_trainable_tensors_and_names_its_base(base, tmp_path):
+    cfg = make_config(base, tmp_path / "run", *LORA, "optim.max_steps=1")
+    train(cfg)
+    step = ckpt.step_dir(tmp_path / "run" / "checkpoints", 1)
+    model = Translator.load(cfg.model).model
+    full = model.state_dict(keep_vars=True)
+    saved = ckpt.load_file(step / "model.pt")
+    trainable = sorted(k for k, v in full.items() if v.requires_grad)
+    assert trainable and all("lora_" in k for k in trainable) and len(trainable) < len(full)
+    assert sorted(saved) == trainable
+    assert all(saved[k].shape == full[k].shape for k in saved)
+    # Its size is its tensors' bytes plus a little of torch's format, a small part of the full state dict's.
+    torch.save(model.state_dict(), tmp_path / "full.pt")
+    size, full_size = (step / "model.pt").stat().st_size, (tmp_path / "full.pt").stat().st_size
+    tensors = sum(v.numel() * v.element_size() for v in saved.values())
+    print(f"tiny LoRA checkpoint: model.pt {size} bytes ({tensors} of tensors), full state dict {full_size} bytes")
+    assert tensors <= size < tensors + 1024 * len(saved) and size < full_size / 5
+    # The record of the frozen base, covered by the checkpoint's digests like every other file.
+    record = json.loads((step / ckpt.BASE).read_text())
+    assert record == ckpt.base_record(cfg.model.name_or_path)
+    assert record["name_or_path"] == cfg.model.name_or_path and len(record["sha256"]) == 64
+    assert ckpt.BASE in json.loads((step / "state.json").read_text())["files"]
+    # Neither a model that trains everything nor one with other adapters takes it.
+    with pytest.raises(QeebmError, match="holds only LoRA adapters, trained on .*this run trains the whole model"):
+        ckpt.check_base(step, None)
+    for other in ("model.lora.enabled=false", "model.lora.target_modules=[q_proj]", "model.lora.r=2"):
+        with pytest.raises(QeebmError, match=re.escape(f"{step / 'model.pt'}: its tensors are not this model's trainable ones")):
+            ckpt.load_model(step, Translator.load(make_config(base, tmp_path / "run", *LORA, other).model).model)
+
+
+def test_resuming_a_lora_run_on_another_base_is_one_line_naming_both(base, tmp_path):
+    model = make_tiny_translator_dir(tmp_path, "nllb")
+    run = tmp_path / "run"
+
+    def config(steps: int):
+        return make_config(base, run, *LORA, f"model.name_or_path={model}", f"optim.max_steps={steps}")
+
+    train(config(1))
+    before = ckpt.base_record(str(model))
+    # The same directory, other weights (retrained or replaced in place): the config cannot tell.
+    weights = model / "model.safetensors"
+    original = weights.read_bytes()
+    tensors = load_safetensors(str(weights))
+    name = next(iter(tensors))
+    tensors[name] = tensors[name] + 0.01
+    save_safetensors(tensors, str(weights), metadata={"format": "pt"})
+    after = ckpt.base_record(str(model))
+    assert after["sha256"] != before["sha256"]
+    with pytest.raises(QeebmError) as err:
+        train(config(2))
+    message = str(err.value)
+    assert "\n" not in message
+    assert message.startswith(f"cannot resume from {ckpt.step_dir(run / 'checkpoints', 1)}: its LoRA adapters were "
+                              f"trained on the base {model} (weights sha256 {before['sha256'][:12]}), but this run's "
+                              f"base is {model} (weights sha256 {after['sha256'][:12]})")
+    # Back on the base it was trained on, the run resumes.
+    weights.write_bytes(original)
+    assert train(config(2)).step == 2
+
+
+def test_a_base_is_identified_by_its_weight_files_wherever_they_are(tmp_path, monkeypatch):
+    """A hub id's weights are found in its snapshot in the local cache; a copy of the same files has
+    the same digest; the files transformers loads count (its safetensors before its .bin files)."""
+    from huggingface_hub import constants
+
+    local = make_tiny_translator_dir(tmp_path, "nllb")
+    snapshot = tmp_path / "cache" / "models--org--tiny" / "snapshots" / "0123abcd"
+    shutil.copytree(local, snapshot)
+    (snapshot.parents[1] / "refs").mkdir()
+    (snapshot.parents[1] / "refs" / "main").write_text("0123abcd")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "cache"))
+    record = ckpt.base_record("org/tiny")
+    assert record == {"name_or_path": "org/tiny", "sha256": ckpt.base_record(str(local))["sha256"]}
+    (local / "pytorch_model.bin").write_bytes(b"not read: transformers loads the safetensors file")
+    assert ckpt.base_record(str(local))["sha256"] == record["sha256"]
+    (local / "model.safetensors").unlink()
+    assert ckpt.base_record(str(local))["sha256"] != record["sha256"]
+    with pytest.raises(QeebmError, match="'org/other': no local directory of that name, and it is not in the local"):
+        ckpt.base_record("org/other")
 
 
 def test_a_fresh_start_keeps_no_record_of_an_attempt_killed_before_its_first_checkpoint(base, tmp_path):

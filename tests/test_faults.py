@@ -401,6 +401,29 @@ def test_a_run_with_damaged_newest_checkpoints_resumes_from_the_intact_one_exact
     assert (root / "step-0000002.damaged" / "optimizer.pt").read_bytes() == flipped
 
 
+@pytest.mark.parametrize("part", ["model.pt", "base.json"])
+def test_a_damaged_lora_checkpoint_is_set_aside_and_the_run_resumes_exactly(world, tmp_path, part):
+    """A LoRA checkpoint (the adapters and the record of the frozen base) is checked like any other:
+    a changed adapter file or base record sends the run back to the intact checkpoint before it."""
+    args = ["model.lora.enabled=true", "model.lora.r=4", "optim.max_steps=2", "output.save_every=1"]
+    straight, run = tmp_path / "straight", tmp_path / "run"
+    train(make_config(world["base"], straight, *args))
+    shutil.copytree(straight, run)
+    root = run / "checkpoints"
+    assert (root / "step-0000002" / "base.json").is_file()
+    damage(root / "step-0000002" / part, "flipped")
+    train(make_config(world["base"], run, *args))
+    log = (run / "train.log").read_text(encoding="utf-8")
+    assert f"skipped checkpoint step-0000002: {root / 'step-0000002' / part}: damaged: changed" in log
+    assert f"resuming from {ckpt.step_dir(root, 1)} (step 1)" in log
+    assert sorted(p.name for p in root.iterdir()) == ["step-0000001", "step-0000002", "step-0000002.damaged"]
+    for name in ("model.pt", "optimizer.pt", "scheduler.pt"):
+        assert_identical(ckpt.load_file(ckpt.step_dir(straight / "checkpoints", 2) / name),
+                         ckpt.load_file(ckpt.step_dir(root, 2) / name), name)
+    assert (ckpt.step_dir(root, 2) / "base.json").read_text() == (ckpt.step_dir(straight / "checkpoints", 2) / "base.json").read_text()
+    assert [r["loss"] for r in read_metrics(run)] == [r["loss"] for r in read_metrics(straight)]
+
+
 def test_a_run_whose_checkpoints_are_all_damaged_stops_with_one_line_naming_each(qe_run, tmp_path, capsys):
     run = tmp_path / "run"
     shutil.copytree(qe_run, run)
