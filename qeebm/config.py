@@ -702,8 +702,8 @@ def saved_sampler_defaults(values: dict) -> dict:
     return out
 
 
-def config_from_dict(values: dict) -> Config:
-    cfg = _build(Config, upgrade_keys(values))
+def config_from_dict(values: dict, warn: bool = True) -> Config:
+    cfg = _build(Config, upgrade_keys(values, warn=warn))
     _check_choices(cfg)
     return cfg
 

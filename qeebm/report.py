@@ -46,7 +46,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from qeebm.config import upgrade_keys
+from qeebm.config import config_from_dict, to_dict, upgrade_keys
 from qeebm.errors import QeebmError
 
 FORMAT = "qeebm-eval/1"
@@ -423,7 +423,8 @@ def config_id(config: dict, ignore: Sequence[str] = ("seed", "output", "logging"
     experiment (the seed, where it is written, how it is logged) left out. A path that names the
     run's own seed (``.../plateau-seed231/best``: each seed continues its own SFT plateau under the
     tiny world's protocol v3) hashes with the seed left out of it too. A config saved before
-    ``<method>.sampling`` existed hashes as its upgraded form, so its runs group with newer ones."""
+    ``<method>.sampling`` existed hashes as its upgraded form, and a config saved before a key was
+    added hashes with that key's default, so its runs group with newer ones."""
     seed = config.get("seed")
     own = re.compile(rf"seed{seed}(?![0-9])") if isinstance(seed, int) else None
 
@@ -434,7 +435,11 @@ def config_id(config: dict, ignore: Sequence[str] = ("seed", "output", "logging"
             return [unseeded(v) for v in value]
         return own.sub("seed{seed}", value) if own is not None and isinstance(value, str) else value
 
-    kept = {k: unseeded(v) for k, v in upgrade_keys(config, warn=False).items() if k not in ignore}
+    try:
+        full = to_dict(config_from_dict(config, warn=False))
+    except (QeebmError, TypeError, ValueError):
+        full = upgrade_keys(config, warn=False)  # not a whole run config: hash what there is
+    kept = {k: unseeded(v) for k, v in full.items() if k not in ignore}
     blob = json.dumps(kept, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
