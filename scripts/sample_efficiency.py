@@ -64,7 +64,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", default="runs/tables")
     p.add_argument("--out", default="runs/efficiency")
-    p.add_argument("--budgets", default="20000,50000,100000,200000",
+    p.add_argument("--budgets", default="10000,30000,90000",
                    help="QE costs (forward-pass equivalents) at which the table reads each curve")
     args = p.parse_args(argv)
     runs, out = Path(args.runs), Path(args.out)
