@@ -178,6 +178,36 @@ def group_rows(d: Draws, k: int, group: int) -> torch.Tensor:
     return (torch.arange(n_src)[:, None] * d.n + torch.arange(start, start + k)[None, :]).reshape(-1)
 
 
+def _replay(translator, d: Draws, rows: torch.Tensor):
+    """The rows' sequences, emitted tokens, QE mask, sources and references."""
+    s = d.samples
+    seq = s.sequences[rows]
+    mt_mask = translator.teacher_forcing(seq)["labels"] != -100
+    refs = [d.refs[i] for i in rows.tolist()] if d.refs is not None else None
+    return seq, seq[:, 1:], mt_mask, [s.src[i] for i in rows.tolist()], refs
+
+
+def _score_function(translator, energy, d: Draws, rows: torch.Tensor, k: int, eta: float | None):
+    """The leave-one-out score-function surrogate of the rows as the training step forms it: plain
+    (``eta`` None: REINFORCE-LOO, a scalar) or with the QE-gradient control variate at weight ``eta``
+    (a ``control_variate.Surrogate``)."""
+    s = d.samples
+    seq, mt_ids, mt_mask, src, refs = _replay(translator, d, rows)
+    with eval_mode(translator.model) as model:
+        logits = policy_logits(model(input_ids=s.input_ids[rows], attention_mask=s.attention_mask[rows],
+                                     decoder_input_ids=seq[:, :-1], use_cache=False).logits, 1.0, s.suppress)
+    logp, _ = sequence_logprobs(logits, mt_ids, s.mask[rows])  # [R, T]
+    f = d.scores[rows].double()
+    if eta is None:
+        return ((f - leave_one_out(f, k)).to(logp.dtype)[:, None] * logp).sum()
+    content = energy.bridge.content_mask(mt_ids, mt_mask) & s.mask[rows].bool()
+    _, grads = energy.token_gradients(src, mt_ids, mt_mask, ref=refs)
+    with torch.no_grad():
+        table = energy.bridge_table()
+    expected, taken = control_terms(logits, mt_ids, content, leave_one_out(grads, k), table)
+    return surrogate(logp, s.mask[rows].bool(), expected, taken, content, f, k, eta)
+
+
 def estimate(translator, energy, d: Draws, rows: torch.Tensor, k: int, estimator: str, eta: float = 1.0,
              tau: float = 1.0, generator: torch.Generator | None = None) -> torch.Tensor:
     """One estimate of ``grad sum_x E_y Q(x, y)`` from ``rows`` (K samples of each source, adjacent),
@@ -186,55 +216,26 @@ def estimate(translator, energy, d: Draws, rows: torch.Tensor, k: int, estimator
     or of the control-variate estimator ("loo-cv", at weight ``eta``)."""
     model = translator.model
     params = [p for p in model.parameters() if p.requires_grad]
-    s = d.samples
-    seq = s.sequences[rows]
-    mt_ids = seq[:, 1:]
-    mt_mask = translator.teacher_forcing(seq)["labels"] != -100
-    src = [s.src[i] for i in rows.tolist()]
-    refs = [d.refs[i] for i in rows.tolist()] if d.refs is not None else None
-    with eval_mode(model):
-        if estimator in ("reinforce", "loo-cv"):
-            logits = policy_logits(model(input_ids=s.input_ids[rows], attention_mask=s.attention_mask[rows],
-                                         decoder_input_ids=seq[:, :-1], use_cache=False).logits, 1.0, s.suppress)
-            logp, _ = sequence_logprobs(logits, mt_ids, s.mask[rows])  # [R, T]
-            f = d.scores[rows].double()
-            if estimator == "reinforce":
-                adv = (f - leave_one_out(f, k)).to(logp.dtype)
-                value = (adv[:, None] * logp).sum()
-            else:
-                content = energy.bridge.content_mask(mt_ids, mt_mask) & s.mask[rows].bool()
-                _, grads = energy.token_gradients(src, mt_ids, mt_mask, ref=refs)
-                with torch.no_grad():
-                    table = energy.bridge_table()
-                expected, taken = control_terms(logits, mt_ids, content, leave_one_out(grads, k), table)
-                value = surrogate(logp, s.mask[rows].bool(), expected, taken, content, f, k, eta).value
-        else:
-            content = energy.bridge.content_mask(mt_ids, mt_mask)
-            with output_rows(model, content):
-                logits = model(input_ids=s.input_ids[rows], attention_mask=s.attention_mask[rows],
-                               decoder_input_ids=seq[:, :-1], use_cache=False).logits
-            value = -energy(src, mt_ids, mt_mask, logits.float(), relaxation=estimator, tau=tau, generator=generator,
-                            ref=refs).sum()
-        return _flat_grad(value / k, params)
+    if estimator == "reinforce":
+        value = _score_function(translator, energy, d, rows, k, None)
+    elif estimator == "loo-cv":
+        value = _score_function(translator, energy, d, rows, k, eta).value
+    else:
+        s = d.samples
+        seq, mt_ids, mt_mask, src, refs = _replay(translator, d, rows)
+        content = energy.bridge.content_mask(mt_ids, mt_mask)
+        with eval_mode(model), output_rows(model, content):
+            logits = model(input_ids=s.input_ids[rows], attention_mask=s.attention_mask[rows],
+                           decoder_input_ids=seq[:, :-1], use_cache=False).logits
+        value = -energy(src, mt_ids, mt_mask, logits.float(), relaxation=estimator, tau=tau, generator=generator,
+                        ref=refs).sum()
+    return _flat_grad(value / k, params)
 
 
 def cv_weight(translator, energy, d: Draws, rows: torch.Tensor, k: int) -> float:
     """The control-variate weight the training step would fit on these rows (sum a s / sum s^2)."""
-    s = d.samples
-    seq = s.sequences[rows]
-    mt_ids = seq[:, 1:]
-    mt_mask = translator.teacher_forcing(seq)["labels"] != -100
-    src = [s.src[i] for i in rows.tolist()]
-    refs = [d.refs[i] for i in rows.tolist()] if d.refs is not None else None
-    with torch.no_grad(), eval_mode(translator.model) as model:
-        logits = policy_logits(model(input_ids=s.input_ids[rows], attention_mask=s.attention_mask[rows],
-                                     decoder_input_ids=seq[:, :-1], use_cache=False).logits, 1.0, s.suppress)
-        logp, _ = sequence_logprobs(logits, mt_ids, s.mask[rows])
-        content = energy.bridge.content_mask(mt_ids, mt_mask) & s.mask[rows].bool()
-        _, grads = energy.token_gradients(src, mt_ids, mt_mask, ref=refs)
-        expected, taken = control_terms(logits, mt_ids, content, leave_one_out(grads, k), energy.bridge_table())
-        a_s, s_s, _ = surrogate(logp, s.mask[rows].bool(), expected, taken, content, d.scores[rows].double(), k,
-                                0.0).sums.tolist()
+    with torch.no_grad():
+        a_s, s_s, _ = _score_function(translator, energy, d, rows, k, 0.0).sums.tolist()
     return a_s / s_s if s_s > 0 else 0.0
 
 
