@@ -85,6 +85,8 @@ def main(argv=None) -> int:
         for estimator in ESTIMATORS:
             for k in (REINFORCE_KS if estimator == "reinforce" else KS):
                 groups = min(args.groups, args.samples // k if estimator == "reinforce" else args.samples // 2 // k)
+                if groups < 2:
+                    continue  # a spread needs two estimates: too few samples for this K
                 eta = 1.0
                 if estimator == "loo-cv":
                     # Fitted, as training fits it, on samples no estimate below uses (the second half).
