@@ -429,11 +429,11 @@ def test_margin_loss_and_update_schedule(world, tmp_path):
     assert changed(before, method.qe) == set()
 
 
-def test_dynamic_run_resumes_exactly(world, tmp_path):
-    # Dropout on, so the result also depends on the restored RNG states; QE updates from step 2 on.
-    common = ["qe.mode=dynamic", "qe.warmup_steps=1", "model.dropout=null", "output.save_every=2"]
-    straight = qe_config(world, tmp_path / "A", *common, "optim.max_steps=4")
-    train(straight)
+def straight_and_resumed(world, tmp_path, common: list[str]):
+    """Run A for 4 steps straight, run B for 2 steps and then resumed to 4 (checkpoints every 2);
+    assert their step-4 model, optimiser and method states identical. Returns a loader of run
+    ``A``'s or ``B``'s step-4 checkpoint files and both runs' metrics."""
+    train(qe_config(world, tmp_path / "A", *common, "optim.max_steps=4"))
     train(qe_config(world, tmp_path / "B", *common, "optim.max_steps=2"))
     assert train(qe_config(world, tmp_path / "B", *common, "optim.max_steps=4")).step == 4
 
@@ -442,6 +442,13 @@ def test_dynamic_run_resumes_exactly(world, tmp_path):
 
     for name in ("model.pt", "optimizer.pt", "method.pt"):
         assert_identical(load("A", name), load("B", name), name)
+    return load, read_metrics(tmp_path / "A"), read_metrics(tmp_path / "B")
+
+
+def test_dynamic_run_resumes_exactly(world, tmp_path):
+    # Dropout on, so the result also depends on the restored RNG states; QE updates from step 2 on.
+    common = ["qe.mode=dynamic", "qe.warmup_steps=1", "model.dropout=null", "output.save_every=2"]
+    load, a, b = straight_and_resumed(world, tmp_path, common)
     state = load("A", "method.pt")
     assert state["qe"] and state["qe_optimizer"]["state"]
     # The QE really trained: its head differs from the checkpoint it started from.
@@ -449,7 +456,6 @@ def test_dynamic_run_resumes_exactly(world, tmp_path):
 
     start = dict(load_qe(str(world["kiwi"])).named_parameters())
     assert any(not torch.equal(start[n], v) for n, v in state["qe"].items() if n in start)
-    a, b = read_metrics(tmp_path / "A"), read_metrics(tmp_path / "B")
     assert [r["step"] for r in b] == [1, 2, 3, 4]
     assert [r["loss"] for r in a] == [r["loss"] for r in b]
     assert [r.get("qe-ebm/qe_loss") for r in a] == [r.get("qe-ebm/qe_loss") for r in b]
@@ -462,16 +468,7 @@ def test_estimator_run_resumes_exactly(world, tmp_path, estimator):
     # sums into step 3 as the straight run does. Dropout on, so the RNG states matter too.
     common = [f"qe_ebm.estimator={estimator}", "model.dropout=null", "output.save_every=2", "qe_ebm.alpha=1.0",
               "qe_ebm.beta_max=1.0", "qe_ebm.beta_ramp_steps=0"]
-    train(qe_config(world, tmp_path / "A", *common, "optim.max_steps=4"))
-    train(qe_config(world, tmp_path / "B", *common, "optim.max_steps=2"))
-    assert train(qe_config(world, tmp_path / "B", *common, "optim.max_steps=4")).step == 4
-
-    def load(run: str, name: str):
-        return torch.load(ckpt.step_dir(tmp_path / run / "checkpoints", 4) / name, weights_only=True)
-
-    for name in ("model.pt", "optimizer.pt", "method.pt"):
-        assert_identical(load("A", name), load("B", name), name)
-    a, b = read_metrics(tmp_path / "A"), read_metrics(tmp_path / "B")
+    load, a, b = straight_and_resumed(world, tmp_path, common)
     assert [r["loss"] for r in a] == [r["loss"] for r in b]
     if estimator == "loo-cv":
         weights = [r["qe-ebm/cv_weight"] for r in a]

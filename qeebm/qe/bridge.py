@@ -334,9 +334,13 @@ def reinmax_jvp(p: Tensor, p_tau: Tensor, tokens: Tensor, v: Tensor) -> Tensor:
     given ``v = dE/dD``: ``2 J(pi_1) v - J(p) v / 2`` with ``pi_1 = (p_tau + D) / 2`` and ``p_tau =
     softmax(logits / tau)``. Straight-through's is ``J(p_tau) v``; ReinMax adds the second-order
     (Heun) term at the same cost, and is exact when E is quadratic in D."""
+    return softmax_jvp(_midpoint(p_tau, tokens), v.mul(2.0)).sub_(softmax_jvp(p, v.mul(0.5)))
+
+
+def _midpoint(p_tau: Tensor, tokens: Tensor) -> Tensor:
+    """ReinMax's pi_1 = (p_tau + onehot(tokens)) / 2, rows ``[c, V]``."""
     pi_1 = p_tau.mul(0.5)
-    pi_1.scatter_add_(-1, tokens.view(-1, 1), pi_1.new_full((tokens.numel(), 1), 0.5))
-    return softmax_jvp(pi_1, v.mul(2.0)).sub_(softmax_jvp(p, v.mul(0.5)))
+    return pi_1.scatter_add_(-1, tokens.view(-1, 1), pi_1.new_full((tokens.numel(), 1), 0.5))
 
 
 class _ZeroForwardProduct(torch.autograd.Function):
@@ -385,8 +389,7 @@ class _ZeroForwardProduct(torch.autograd.Function):
                 if tokens is None:
                     weights = p
                 else:
-                    weights = (p_tau * 0.5).scatter_add_(-1, at.view(-1, 1), p.new_full((at.numel(), 1), 0.5))
-                    weights = weights.mul_(2.0).sub_(p, alpha=0.5)
+                    weights = _midpoint(p_tau, at).mul_(2.0).sub_(p, alpha=0.5)
                 grad_table.addmm_(weights.to(table.dtype).T, g)
         return grad_logits, None, grad_table, None, None, None
 
