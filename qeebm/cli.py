@@ -341,7 +341,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="the main job on the tiny world: build it, train, evaluate, print",
                        description="Build the tiny world if absent, train SFT from its base translator to its "
-                       "plateau, continue every system from there for the same budget (protocol v3, docs/results.md: "
+                       "plateau, continue every system from there for the same budget (docs/results.md: "
                        "SFT, the methods trained against the tiny Kiwi, and the positive control trained against "
                        "the true references), evaluate them on its test set (BLEU, chrF++, TER, tiny COMET, tiny "
                        "Kiwi, held-out judge) with the checkpoint selected on dev Kiwi and on dev chrF++, the best "
@@ -354,8 +354,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, help="continuation steps per system at most (default 400; --quick: 4)")
     p.add_argument("--base", choices=["nllb", "mbart"], default="nllb",
                    help="the base translator SFT's plateau starts from (default nllb: the tiny M2M100)")
-    p.add_argument("--systems", help="comma-separated systems, or 'all' (default: the demo's six: "
-                   "sft, qe-ebm-static, reinforce, dpo, qe-ebm-oracle, reinforce-chrf)")
+    p.add_argument("--systems", help="comma-separated systems, or 'all' (default: the demo's seven: "
+                   "sft, qe-ebm-static, reinforce, dpo, qe-ebm-oracle, qe-ebm-softmax-oracle, reinforce-chrf)")
     p.add_argument("--train-plateau", action="store_true",
                    help="train SFT's plateau even where the shipped one (seed 42, the NLLB-style base) is it (11 min)")
     p.set_defaults(func=cmd_demo)

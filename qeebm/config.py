@@ -33,6 +33,9 @@ SYSTEMS = ("sft", "reinforce", "ppo", "qe-ebm-static", "qe-ebm-dynamic", "qe-fin
 # Systems with recipes of their own (tiny and real) that the demo, the sweep and a recipe's default
 # plan leave out; a recipe runs them when ``--systems`` names them.
 EXTRA_SYSTEMS = ("dpo", "cpo")
+# QE-EBM with the estimator that passes the positive control (the softmax relaxation) against the
+# tiny Kiwi, beside straight-through's realistic row; a tiny recipe only.
+KIWI_ESTIMATOR_SYSTEMS = ("qe-ebm-softmax",)
 # The tiny world's positive control: systems trained against an energy or reward that knows the answer
 # (the world's true reference of every pool sentence); tiny recipes only (qeebm/demo.py, TARGETS).
 # QE-EBM's gradient estimators other than straight-through are positive-control rows of their own.
@@ -604,8 +607,8 @@ CORPUS_FORMATS = ("auto", "tsv", "jsonl", "text", "hf")
 SAMPLING_SECTIONS = ("qe_ebm", "reinforce", "ppo")
 # "inverse-cdf": one uniform per row and a search of the cumulative probabilities (the default);
 # "multinomial": transformers' own sampling, torch.multinomial, which draws one exponential per
-# vocabulary entry and row at every step (the toolkit's sampler before commit e015914, 2026-12-03: it
-# reproduces runs made before then exactly, and it was half of a tiny-world rollout).
+# vocabulary entry and row at every step (the toolkit's sampler before version 0.2.0 (CHANGELOG.md):
+# it reproduces runs made with it exactly, and it was half of a tiny-world rollout).
 SAMPLERS = ("inverse-cdf", "multinomial")
 # String fields with a fixed set of values; checked after the types so the message can list them.
 CHOICES = {
@@ -688,8 +691,8 @@ def upgrade_keys(values: dict, warn: bool = True) -> dict:
 
 
 def saved_sampler_defaults(values: dict) -> dict:
-    """A run directory's saved config as its run was: one written before ``sampler`` existed (before
-    commit e015914) drew with torch.multinomial, so its missing sampler keys are "multinomial". Resuming it with
+    """A run directory's saved config as its run was: one written before ``sampler`` existed drew
+    with torch.multinomial, so its missing sampler keys are "multinomial". Resuming it with
     today's default is then refused naming them, and ``...sampler=multinomial`` overrides resume it
     exactly. Only for saved configs: a recipe without the key means the default."""
     out = copy.deepcopy(values)

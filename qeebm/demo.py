@@ -1,4 +1,4 @@
-"""The main job on the embedded default: ``qeebm demo`` (protocol v3; docs/results.md).
+"""The main job on the embedded default: ``qeebm demo`` (the protocol of docs/results.md).
 
 Users of a QE-trained method start from their own converged SFT model, as RLHF pipelines do, and
 every method is compared at the same continuation budget from that common point:
@@ -39,7 +39,8 @@ import torch
 import yaml
 
 from qeebm import resources
-from qeebm.config import ESTIMATOR_SYSTEMS, EXTRA_SYSTEMS, ORACLE_SYSTEMS, SEEDS, SYSTEMS, data_path_overrides
+from qeebm.config import (ESTIMATOR_SYSTEMS, EXTRA_SYSTEMS, KIWI_ESTIMATOR_SYSTEMS, ORACLE_SYSTEMS, SEEDS, SYSTEMS,
+                          data_path_overrides)
 from qeebm.runlog import validations
 from qeebm.tinyworld.build import build, is_built
 
@@ -191,15 +192,17 @@ def best_system(run_dirs: dict) -> str:
 
 
 # What `qeebm demo` trains by default, within its 20 minutes: SFT continued, QE-EBM static and the
-# reward and preference baselines trained against the same Kiwi, and the positive control of QE-EBM
-# and of REINFORCE. `--systems all` trains every one (the three-seed tables).
-DEMO_SYSTEMS = ("sft", "qe-ebm-static", "reinforce", "dpo", "qe-ebm-oracle", "reinforce-chrf")
+# reward and preference baselines trained against the same Kiwi, and the positive control of
+# REINFORCE and of QE-EBM with straight-through and with the softmax relaxation, the estimator that
+# passes it. `--systems all` trains every one (the three-seed tables).
+DEMO_SYSTEMS = ("sft", "qe-ebm-static", "reinforce", "dpo", "qe-ebm-oracle", "qe-ebm-softmax-oracle", "reinforce-chrf")
 
 
 def default_systems() -> list[str]:
     """Every system the demo and the sweep can train: those with a tiny recipe, in ``SYSTEMS``,
-    ``EXTRA_SYSTEMS``, ``ORACLE_SYSTEMS`` order."""
-    return [name for name in (*SYSTEMS, *EXTRA_SYSTEMS, *ORACLE_SYSTEMS) if (CONFIGS / tiny_recipe(name)).is_file()]
+    ``EXTRA_SYSTEMS``, ``KIWI_ESTIMATOR_SYSTEMS``, ``ORACLE_SYSTEMS`` order."""
+    return [name for name in (*SYSTEMS, *EXTRA_SYSTEMS, *KIWI_ESTIMATOR_SYSTEMS, *ORACLE_SYSTEMS)
+            if (CONFIGS / tiny_recipe(name)).is_file()]
 
 
 def plateau_dir(runs: Path, seed: int, seeds: int) -> Path:

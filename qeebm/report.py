@@ -422,7 +422,7 @@ def config_id(config: dict, ignore: Sequence[str] = ("seed", "output", "logging"
     """A short hash of a training config with the top-level keys that differ between seeds of one
     experiment (the seed, where it is written, how it is logged) left out. A path that names the
     run's own seed (``.../plateau-seed231/best``: each seed continues its own SFT plateau under the
-    tiny world's protocol v3) hashes with the seed left out of it too. A config saved before
+    tiny world's protocol) hashes with the seed left out of it too. A config saved before
     ``<method>.sampling`` existed hashes as its upgraded form, and a config saved before a key was
     added hashes with that key's default, so its runs group with newer ones."""
     seed = config.get("seed")

@@ -59,7 +59,7 @@ KNOBS = {
 # The positive control gets its method's grid.
 KNOBS |= {"qe-ebm-oracle": KNOBS["qe-ebm-static"], "reinforce-oracle": KNOBS["reinforce"],
           "reinforce-chrf": KNOBS["reinforce"], "dpo-oracle": KNOBS["dpo"],
-          "qe-ebm-softmax-oracle": KNOBS["qe-ebm-static"], "qe-ebm-reinmax-oracle": KNOBS["qe-ebm-static"],
+          "qe-ebm-softmax": KNOBS["qe-ebm-static"], "qe-ebm-softmax-oracle": KNOBS["qe-ebm-static"], "qe-ebm-reinmax-oracle": KNOBS["qe-ebm-static"],
           # A score-function gradient's norm at K = 5 is mostly noise, so the same rho puts less signal
           # into the update than a relaxation's nearly noise-free gradient: its grid sits one step higher.
           "qe-ebm-loo-cv-oracle": ("qe_ebm.rho", (0.3, 1.0, 3.0), "rho")}

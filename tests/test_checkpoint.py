@@ -256,7 +256,7 @@ def test_a_run_saved_before_the_sampler_key_resumes_only_with_the_sampler_it_use
     train(make_config(base, run, "optim.max_steps=2"))
     saved = yaml.safe_load((run / "config.yaml").read_text())
     for node in (saved["generation"], *(saved[s]["sampling"] for s in ("qe_ebm", "reinforce", "ppo"))):
-        del node["sampler"]  # written before commit e015914, when every run drew with torch.multinomial
+        del node["sampler"]  # as written before the key existed, when every run drew with torch.multinomial
     (run / "config.yaml").write_text(yaml.safe_dump(saved))
     with pytest.raises(QeebmError, match="generation.sampler.*qe_ebm.sampling.sampler"):
         train(make_config(base, run, "optim.max_steps=3"))

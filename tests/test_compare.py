@@ -552,7 +552,7 @@ def test_config_id_groups_seeds_that_each_continue_their_own_plateau():
     def cfg(seed, start):
         return {"seed": seed, "model": {"name_or_path": start}, "optim": {"lr": 1e-3}, "output": {"run_dir": f"r{seed}"}}
 
-    # protocol v3: each seed continues its own SFT plateau, at a path that names the seed
+    # each seed continues its own SFT plateau, at a path that names the seed
     assert config_id(cfg(42, "runs/t/plateau-seed42/best")) == config_id(cfg(231, "runs/t/plateau-seed231/best"))
     # another number after "seed", another setting, or a path that merely contains the digits differ
     assert config_id(cfg(231, "runs/t/plateau-seed2310/best")) != config_id(cfg(231, "runs/t/plateau-seed231/best"))

@@ -1,4 +1,4 @@
-"""The demo's SFT plateau (protocol v3): shipped where it is the plateau a world, seed and base would
+"""The demo's SFT plateau: shipped where it is the plateau a world, seed and base would
 train, trained otherwise, and refused when its files are not what was shipped."""
 
 from __future__ import annotations

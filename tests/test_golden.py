@@ -30,7 +30,7 @@ GOLDEN = Path(__file__).resolve().parent / "golden" / "micro_runs.json"
 STEPS = 3
 GOLDEN_SYSTEMS = tuple(default_systems())
 # Float rounding differs between CPUs (vector widths, MKL's code paths) and three steps of training
-# amplify it: the file's first version (commit 6651643), checked on another CPU, differed by up to 0.7% (QE-dynamic's
+# amplify it: the file, checked on another CPU than the one that wrote it, differed by up to 0.7% (QE-dynamic's
 # energy after its QE update) and 1.5e-5 elsewhere. On another CPU the check is this loose; on the
 # CPU that wrote the file it is exact to float rounding.
 SAME_CPU, OTHER_CPU = (1e-6, 1e-6), (2e-2, 2e-3)  # (rel_tol, abs_tol)
