@@ -1,15 +1,15 @@
 """Training checkpoints: write atomically, find the newest, restore everything a resume needs.
 
 A checkpoint is ``<run_dir>/checkpoints/step-XXXXXXX/`` holding ``model.pt`` (state dict of the
-unwrapped model; of a LoRA model only the tensors that train, and ``base.json`` names the frozen base
-they belong to: ``base_record``), ``optimizer.pt`` (under DeepSpeed one ``optimizer-<rank>.pt`` per
-process: each holds its partition), ``scheduler.pt``, ``state.json`` (the loop's counters), one
-``rng-<rank>.pt`` per process and, for a method that owns state (``state_dict``/``load_state_dict``:
-QE-dynamic's QE and its optimiser), ``method.pt``. It is assembled in a hidden temporary directory
-and renamed into place only when every process has written its files, so a failed or interrupted
-save leaves the previous checkpoint as the newest complete one; resume ignores anything that is not a
-``step-*`` directory, and older checkpoints are pruned (``output.keep_last``) only after the new one
-is in place.
+unwrapped model; of an adapter model, LoRA or bottleneck, only the tensors that train, and
+``base.json`` names the frozen base they belong to: ``base_record``), ``optimizer.pt`` (under
+DeepSpeed one ``optimizer-<rank>.pt`` per process: each holds its partition), ``scheduler.pt``,
+``state.json`` (the loop's counters), one ``rng-<rank>.pt`` per process and, for a method that owns
+state (``state_dict``/``load_state_dict``: QE-dynamic's QE and its optimiser), ``method.pt``. It is
+assembled in a hidden temporary directory and renamed into place only when every process has written
+its files, so a failed or interrupted save leaves the previous checkpoint as the newest complete one;
+resume ignores anything that is not a ``step-*`` directory, and older checkpoints are pruned
+(``output.keep_last``) only after the new one is in place.
 
 A file can still be damaged afterwards (a copy cut short, a failing disk, a sync tool): ``state.json``
 records the size and sha256 of every other file and of its own content (``qeebm.integrity``), and
@@ -23,9 +23,9 @@ so a checkpoint from elsewhere cannot run code when loaded. DeepSpeed's optimise
 few of DeepSpeed's own records besides (its loss scaler, the partitions' fragment addresses); those,
 and nothing else, are allowed by name (``_deepspeed_safe_globals``).
 
-A LoRA model's frozen base is most of its weights (mBART-50: 611M parameters against 2.4M in the
-adapters) and never changes, so its checkpoints leave it out: the run loads the base from its config,
-as at the start, and resume checks that it is the one the checkpoint recorded (``check_base``).
+An adapter model's frozen base is most of its weights (mBART-50: 611M parameters against 2.4M in
+the LoRA adapters) and never changes, so its checkpoints leave it out: the run loads the base from its
+config, as at the start, and resume checks that it is the one the checkpoint recorded (``check_base``).
 
 ``prepare_run_dir`` decides whether a run resumes: only from its own run directory, and only when
 the config there differs at most in keys that do not change the weights (``RESUMABLE_CHANGES``).
@@ -49,7 +49,8 @@ import numpy as np
 import torch
 import yaml
 
-from qeebm.config import Config, dump_config, flat_dict, saved_sampler_defaults, to_dict, upgrade_keys
+from qeebm.config import (Config, dump_config, flat_dict, saved_added_sections, saved_sampler_defaults, to_dict,
+                          upgrade_keys)
 from qeebm.errors import QeebmError, first_line
 from qeebm.integrity import Damaged, check, read_record, seal, unsealed
 from qeebm.translator import weight_files
@@ -57,7 +58,7 @@ from qeebm.translator import weight_files
 log = logging.getLogger(__name__)
 
 STATE = "state.json"
-BASE = "base.json"  # a LoRA checkpoint's record of its frozen base
+BASE = "base.json"  # an adapter checkpoint's record of its frozen base
 STEP_DIR = re.compile(r"^step-(\d+)$")
 # Config keys that may change between a run and its resume: they do not change the weights.
 RESUMABLE_CHANGES = ("logging.", "output.", "optim.max_steps", "optim.max_epochs", "optim.min_epochs",
@@ -181,8 +182,8 @@ def save_checkpoint(root: Path, step: int, *, model, optimizer, scheduler, state
     same temporary directory; the main process renames it into place once all succeeded and then
     keeps only the newest ``keep_last`` checkpoints (``keep_last`` < 1 keeps all). ``method_state``
     (the method's ``state_dict()``, the same on every process) goes to ``method.pt``. ``base``, for a
-    LoRA model, is its frozen base's ``base_record``: then ``model.pt`` holds only the tensors that
-    train (``trainable_state``) and ``base.json`` the record.
+    model that trains adapters only (LoRA, bottleneck), is its frozen base's ``base_record``: then
+    ``model.pt`` holds only the tensors that train (``trainable_state``) and ``base.json`` the record.
 
     A failed write (disk full, no permission) on any process removes the temporary directory and
     raises ``QeebmError`` naming the checkpoint and the cause on every process; the previous
@@ -285,8 +286,8 @@ def _deepspeed_safe_globals() -> list:
 
 
 def trainable_state(model) -> dict[str, torch.Tensor]:
-    """The entries of ``model``'s state dict that train (``requires_grad``): a LoRA model's adapters
-    and any other parameter left trainable, under every name it has (tied names included)."""
+    """The entries of ``model``'s state dict that train (``requires_grad``): an adapter model's
+    adapters and any other parameter left trainable, under every name it has (tied names included)."""
     state, copies = {}, {}
     for key, value in model.state_dict(keep_vars=True).items():
         if value.requires_grad:
@@ -299,9 +300,9 @@ def trainable_state(model) -> dict[str, torch.Tensor]:
 
 
 def load_model(path: Path, model) -> None:
-    """The checkpoint's weights into ``model`` (the unwrapped translator), in place. A LoRA checkpoint
-    (``base.json``) fills the tensors that train, which must be exactly the model's; the frozen rest
-    stays as loaded (``check_base`` tells whether it is the recorded base)."""
+    """The checkpoint's weights into ``model`` (the unwrapped translator), in place. An adapter
+    checkpoint (``base.json``) fills the tensors that train, which must be exactly the model's; the
+    frozen rest stays as loaded (``check_base`` tells whether it is the recorded base)."""
     path = Path(path)
     state = load_file(path / "model.pt")
     if not (path / BASE).is_file():
@@ -322,19 +323,19 @@ def _check_trainable(file: Path, state: dict, model) -> None:
     shaped = sorted(k for k in want.keys() & got.keys() if want[k] != got[k])
     raise QeebmError(f"{file}: its tensors are not this model's trainable ones ({len(missing)} missing, "
                      f"{len(extra)} unknown, {len(shaped)} of another shape; first {(missing + extra + shaped)[0]}): "
-                     "written with other model.lora settings?")
+                     "written with other model.lora or model.bottleneck settings?")
 
 
 def base_record(name_or_path: str) -> dict:
-    """What a LoRA checkpoint records of the frozen base its adapters were trained on: its name (hub
-    id or directory) and a digest of its weight files, the sha256 of their ``seal`` record (each
+    """What an adapter checkpoint records of the frozen base its adapters were trained on: its name
+    (hub id or directory) and a digest of its weight files, the sha256 of their ``seal`` record (each
     file's size and sha256), which tells another base behind the same name."""
     root, names = weight_files(name_or_path)
     return {"name_or_path": name_or_path, "sha256": seal({}, root, names)["sha256"]}
 
 
 def check_base(path: Path, base: dict | None) -> None:
-    """Raise a one-line QeebmError when checkpoint ``path`` holds LoRA adapters trained on another
+    """Raise a one-line QeebmError when checkpoint ``path`` holds adapters trained on another
     frozen base than ``base`` (this run's ``base_record``; None: the run trains the whole model). A
     checkpoint of the full state dict needs no base."""
     path = Path(path)
@@ -343,11 +344,11 @@ def check_base(path: Path, base: dict | None) -> None:
     saved = read_record(path / BASE)
     then = f"{saved.get('name_or_path')} (weights sha256 {str(saved.get('sha256'))[:12]})"
     if base is None:
-        raise QeebmError(f"cannot resume from {path}: it holds only LoRA adapters, trained on {then}, "
+        raise QeebmError(f"cannot resume from {path}: it holds only adapters, trained on {then}, "
                          "and this run trains the whole model")
     if saved.get("sha256") != base["sha256"]:
         now = f"{base['name_or_path']} (weights sha256 {base['sha256'][:12]})"
-        raise QeebmError(f"cannot resume from {path}: its LoRA adapters were trained on the base {then}, "
+        raise QeebmError(f"cannot resume from {path}: its adapters were trained on the base {then}, "
                          f"but this run's base is {now}; resume on that base, or start anew in another output.run_dir")
 
 
@@ -500,7 +501,8 @@ def prepare_run_dir(cfg: Config, run_dir: Path, accelerator) -> Path | None:
         raise QeebmError(f"{run_dir} already holds checkpoints ({latest.name}); set output.resume=true to continue, "
                          "or choose another output.run_dir")
     if saved.is_file() and cfg.output.resume:
-        old = saved_sampler_defaults(upgrade_keys(yaml.safe_load(saved.read_text(encoding="utf-8")) or {}, warn=False))
+        old = yaml.safe_load(saved.read_text(encoding="utf-8")) or {}
+        old = saved_added_sections(saved_sampler_defaults(upgrade_keys(old, warn=False)))
         differ = config_changes(old, to_dict(cfg), ignore=RESUMABLE_CHANGES)
         if differ:
             raise QeebmError(f"cannot resume {run_dir}: config differs in {', '.join(differ)} "

@@ -186,7 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "train",
-        help="train a translator with one method (sft, qe-ebm, reinforce, ppo, qe-finetune, dpo, cpo)",
+        help="train a translator with one method (sft, qe-ebm, reinforce, ppo, grpo, qe-finetune, dpo, cpo)",
         description="Train with the method named by the config key 'method'. Settings: the dataclass "
         "defaults (qeebm/config.py), then --config YAML, then dotted overrides. Resumes from run_dir if it "
         "holds a checkpoint. Multi-process: accelerate launch -m qeebm.cli train ...",
@@ -195,6 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
         "  qe-ebm       CE + the QE's energy on samples (qe.mode static|dynamic)   qe_ebm.*, qe.*\n"
         "  reinforce    CE + policy gradient, the QE's score as reward             reinforce.*, guards.*\n"
         "  ppo          PPO, the QE's score as reward, KL to the initial model     ppo.*, guards.*\n"
+        "  grpo         CE + GRPO: each source's samples are their own baseline    grpo.*, guards.*\n"
         "  qe-finetune  CE + CE on the QE's (or MBR's) pick of N candidates        qe_finetune.*\n"
         "  dpo          CE + DPO on the QE's best and worst of N candidates        preference.*, guards.*\n"
         "  cpo          CE + CPO (no reference model, NLL on the best) likewise    preference.*, guards.*\n"

@@ -32,7 +32,7 @@ TINYWORLD_DIR = "data/tinyworld"
 SYSTEMS = ("sft", "reinforce", "ppo", "qe-ebm-static", "qe-ebm-dynamic", "qe-finetune")
 # Systems with recipes of their own (tiny and real) that the demo, the sweep and a recipe's default
 # plan leave out; a recipe runs them when ``--systems`` names them.
-EXTRA_SYSTEMS = ("dpo", "cpo")
+EXTRA_SYSTEMS = ("dpo", "cpo", "grpo")
 # QE-EBM with the estimator that passes the positive control (the softmax relaxation) against the
 # tiny Kiwi, beside straight-through's realistic row; a tiny recipe only.
 KIWI_ESTIMATOR_SYSTEMS = ("qe-ebm-softmax",)
@@ -64,6 +64,22 @@ class LoraConfig:
 
 
 @dataclass
+class BottleneckConfig:
+    """Optional bottleneck adapters on an mBART translator, the reference code's kind (the
+    ``adapters`` package, AdapterHub: ``pip install 'qeebm[adapters]'``). ``kind``: ``seq_bn``
+    (Pfeiffer: one bottleneck after each layer's feed-forward block), ``seq_bn_inv`` (the same plus an
+    invertible adapter on the encoder's embeddings: the paper's) or ``double_seq_bn`` (Houlsby: one
+    after the attention block too). ``reduction_factor``: d_model / bottleneck width (mBART-50: 1024
+    / 16 = 64). adapters integrates mBART but not M2M100, so NLLB translators cannot have them; and
+    they are not linear, so a saved translator keeps the base and the adapter apart (``bottleneck/``
+    beside the base's files) instead of merging them as LoRA's are."""
+
+    enabled: bool = False
+    kind: str = "seq_bn_inv"
+    reduction_factor: int = 16
+
+
+@dataclass
 class ModelConfig:
     """The translator: an NLLB-200 (M2M100) or mBART-50 checkpoint, a hub id or a local directory."""
 
@@ -79,6 +95,7 @@ class ModelConfig:
     # policy forward and PPO's (ppo.disable_dropout) run in eval mode and keep their activations.
     gradient_checkpointing: bool = False
     lora: LoraConfig = field(default_factory=LoraConfig)
+    bottleneck: BottleneckConfig = field(default_factory=BottleneckConfig)
 
 
 @dataclass
@@ -404,6 +421,36 @@ class PPOConfig:
 
 
 @dataclass
+class GRPOConfig:
+    """GRPO (Shao et al. 2024, DeepSeekMath), a critic-free PPO: ``sampling.num_samples`` (G) samples
+    of each source-only sentence (ancestral; top-k/top-p are refused, as PPO's, since the ratios and
+    the KL need the probabilities the sampler drew with; ``temperature`` applied to every log-prob),
+    reward = QE score with guard hits penalised (``guards.penalty_unit``), and each sample's advantage
+    its reward minus its group's mean, divided by (std + 1e-4) of the group (``scale_rewards:
+    group``, published), of the whole step (``batch``) or by nothing (``none``). Then ``epochs``
+    optimiser updates over the rollout, each on pg_weight x (clipped surrogate (``clip``) with the
+    probability ratio against the rollout's log-probs + ``kl_coef`` x the k3 KL estimate to the
+    initial model, per token) [+ ``alpha`` x CE on the labelled batch]. With ``epochs: 1`` the ratio
+    is exactly 1 and the update is the policy gradient; ``kl_coef: 0`` loads no reference. Every
+    forward runs without dropout.
+
+    ``loss_type`` sums the per-token losses (qeebm/rl.py, ``GRPO_LOSS_TYPES``): ``grpo`` (each
+    sample's token mean, then the mean over the step's samples, published), ``dapo`` (the mean over
+    the step's tokens) or ``dr_grpo`` (the sum over the step's samples x ``sampling.max_new_tokens``).
+    Dr. GRPO is ``loss_type: dr_grpo`` with ``scale_rewards: none``."""
+
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    epochs: int = 1
+    clip: float = 0.2
+    kl_coef: float = 0.04
+    scale_rewards: str = "group"  # group | batch | none
+    loss_type: str = "grpo"  # grpo | dapo | dr_grpo
+    alpha: float = 1.0  # CE weight on the labelled batch; 0 skips its forward pass
+    pg_weight: float = 1.0  # weight of the GRPO loss (surrogate and KL together)
+    guards: bool = True
+
+
+@dataclass
 class CandidatesConfig:
     """The candidates a teacher writes for each source, shared by QE finetuning and preference
     optimisation: ``num_candidates`` of them, "beam" (the N best of a beam of max(``num_beams``, N))
@@ -495,6 +542,7 @@ class Config:
     qe_ebm: QeEbmConfig = field(default_factory=QeEbmConfig)
     reinforce: ReinforceConfig = field(default_factory=ReinforceConfig)
     ppo: PPOConfig = field(default_factory=PPOConfig)
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
     qe_finetune: QeFinetuneConfig = field(default_factory=QeFinetuneConfig)
     preference: PreferenceConfig = field(default_factory=PreferenceConfig)
     # Reward-hacking guards (qeebm/guards.py) for the methods that switch them on.
@@ -604,7 +652,7 @@ def parse_override(item: str) -> dict:
 
 CORPUS_FORMATS = ("auto", "tsv", "jsonl", "text", "hf")
 # The methods with a ``<method>.sampling`` section (SamplingConfig).
-SAMPLING_SECTIONS = ("qe_ebm", "reinforce", "ppo")
+SAMPLING_SECTIONS = ("qe_ebm", "reinforce", "ppo", "grpo")
 # "inverse-cdf": one uniform per row and a search of the cumulative probabilities (the default);
 # "multinomial": transformers' own sampling, torch.multinomial, which draws one exponential per
 # vocabulary entry and row at every step (the toolkit's sampler before version 0.2.0 (CHANGELOG.md):
@@ -613,6 +661,7 @@ SAMPLERS = ("inverse-cdf", "multinomial")
 # String fields with a fixed set of values; checked after the types so the message can list them.
 CHOICES = {
     "data.on_error": ("fail", "skip"),
+    "model.bottleneck.kind": ("seq_bn", "seq_bn_inv", "double_seq_bn"),
     "optim.scheduler": ("linear", "cosine", "constant"),
     "optim.mixed_precision": ("no", "fp16", "bf16"),
     "eval.mode": ("max", "min"),
@@ -623,6 +672,8 @@ CHOICES = {
     "reinforce.baseline": ("rloo", "running_mean", "none"),
     "reinforce.reward_scaling": ("whiten", "max_abs", "none"),
     "ppo.critic": ("detached", "shared"),
+    "grpo.scale_rewards": ("group", "batch", "none"),
+    "grpo.loss_type": ("grpo", "dapo", "dr_grpo"),
     "qe_finetune.candidates": ("beam", "sample"),
     "qe_finetune.selection": ("rerank", "mbr"),
     "preference.pool": ("mono", "labelled", "both"),
@@ -687,6 +738,26 @@ def upgrade_keys(values: dict, warn: bool = True) -> dict:
                             section, key, section, key)
         node["sampling"] = nested
         out[section] = node
+    return out
+
+
+# Sections added after run directories were saved, whose absence meant what their defaults mean: a
+# saved run config without one resumes as if it held them (no bottleneck adapters, GRPO's defaults).
+ADDED_SECTIONS = ("model.bottleneck", "grpo")
+
+
+def saved_added_sections(values: dict) -> dict:
+    """A run directory's saved config with each of ``ADDED_SECTIONS`` it lacks filled in with the
+    defaults. Only for saved configs, as ``saved_sampler_defaults``."""
+    out = copy.deepcopy(values)
+    defaults = to_dict(Config())
+    for key in ADDED_SECTIONS:
+        *parents, last = key.split(".")
+        node, default = out, defaults
+        for part in parents:
+            node, default = node.get(part) if isinstance(node, dict) else None, default[part]
+        if isinstance(node, dict) and last not in node:
+            node[last] = copy.deepcopy(default[last])
     return out
 
 

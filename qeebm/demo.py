@@ -10,7 +10,7 @@ every method is compared at the same continuation budget from that common point:
 3. Every system continues from it for the same budget (``budget``), each with its settings tuned on
    dev by ``scripts/sweep.py`` (``recipes/configs/tiny_<system>.yaml``): SFT continued (the
    control); the realistic rows, trained against the tiny CometKiwi (QE-EBM static and dynamic,
-   REINFORCE, PPO, QE finetuning, and DPO and CPO when present); and the positive control, trained
+   REINFORCE, PPO, QE finetuning, and DPO, CPO and GRPO when present); and the positive control, trained
    against an energy or reward that knows the answer (``TARGETS``: QE-EBM static and REINFORCE with
    the tiny reference-based COMET reading each pool sentence's true reference, REINFORCE with
    sentence chrF++ against it). Two runs go at a time, each in its own process on one thread: the
@@ -61,7 +61,7 @@ TARGETS = {"qe-ebm-oracle": ("qe/comet", "data/mono_ref.tsv"), "reinforce-oracle
 EXPECTED_SECONDS = {"qe-ebm-dynamic": 600, "reinforce": 420, "reinforce-oracle": 420, "reinforce-chrf": 380,
                     "qe-ebm-static": 340, "qe-ebm-oracle": 340, "qe-ebm-loo-cv-oracle": 360, "qe-ebm-reinmax-oracle": 340,
                     "qe-ebm-softmax-oracle": 340, "qe-finetune": 330, "dpo": 300, "dpo-oracle": 300, "cpo": 300,
-                    "ppo": 300, "sft": 40}
+                    "ppo": 300, "grpo": 420, "sft": 40}
 
 
 def tiny_recipe(system: str) -> str:

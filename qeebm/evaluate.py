@@ -45,7 +45,7 @@ DEFAULT_QE_MODELS = {
 DEFAULT_QE_BATCH_SIZE = 16  # comet-score's
 PRECISIONS = ("fp16", "fp32")
 # Methods whose reward or energy is the QE named by the config key qe.path.
-QE_TRAINED_METHODS = frozenset({"qe-ebm", "reinforce", "ppo", "qe-finetune", "dpo", "cpo"})
+QE_TRAINED_METHODS = frozenset({"qe-ebm", "reinforce", "ppo", "grpo", "qe-finetune", "dpo", "cpo"})
 # A judge's name becomes a report key and a compare column: keep it a plain word.
 JUDGE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.-]*\Z")
 _RESERVED = frozenset(SACREBLEU_METRICS + QE_METRICS + ("src", "ref", "hyp", "judges"))

@@ -75,7 +75,7 @@ class ModelChoice:
 
 
 MODELS = {
-    # Published: mBART-50 with adapters (LoRA here; see the YAML files).
+    # Published: mBART-50 with bottleneck adapters (LoRA in the YAML files; model.bottleneck for the paper's).
     "mbart50": ModelChoice("facebook/mbart-large-50", "mbart", "mbart-base"),
     "nllb600m": ModelChoice("facebook/nllb-200-distilled-600M", "nllb", "nllb-base"),
 }

@@ -17,6 +17,7 @@ QE-EBM paper used for its PPO baseline).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -367,20 +368,41 @@ def ppo_policy_loss(
     ``ratio_mean``.
     """
     m = mask.to(logp.dtype)
+    s = clipped_surrogate(logp, old_logp, advantages, clip)
+    norm = _normaliser(normaliser, m.sum())
+    loss = (s.loss * m).sum() / norm
+    with torch.no_grad():
+        stats = {
+            "clipfrac": (s.clipped.to(m.dtype) * m).sum() / norm,
+            "approx_kl": (((s.ratio - 1) - s.log_ratio) * m).sum() / norm,
+            "ratio_mean": (s.ratio * m).sum() / norm,
+        }
+    return loss, stats
+
+
+@dataclass
+class Surrogate:
+    """``clipped_surrogate``'s per-token results [B, T], unmasked: ``loss`` carries the graph;
+    ``ratio``, ``log_ratio`` and ``clipped`` (where the clipped term won) are detached."""
+
+    loss: torch.Tensor
+    ratio: torch.Tensor
+    log_ratio: torch.Tensor
+    clipped: torch.Tensor
+
+
+def clipped_surrogate(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, clip: float) -> Surrogate:
+    """PPO's clipped objective per token, as a loss: max(-A * r, -A * clip(r, 1 - clip, 1 + clip)),
+    r = exp(logp - old_logp). logp [B, T] carries the graph; ``advantages`` broadcast against it
+    ([B, T] per token, [B, 1] per sequence) and are detached, as is ``old_logp``. Shared by PPO and
+    GRPO, which differ only in how they weigh and sum it."""
     log_ratio = logp - old_logp.detach()
-    ratio = torch.exp(log_ratio)  # [B, T]
+    ratio = torch.exp(log_ratio)
     adv = advantages.detach().to(logp.dtype)
     unclipped = -adv * ratio
     clipped = -adv * torch.clamp(ratio, 1.0 - clip, 1.0 + clip)
-    norm = _normaliser(normaliser, m.sum())
-    loss = (torch.maximum(unclipped, clipped) * m).sum() / norm
-    with torch.no_grad():
-        stats = {
-            "clipfrac": ((clipped > unclipped).to(m.dtype) * m).sum() / norm,
-            "approx_kl": (((ratio - 1) - log_ratio) * m).sum() / norm,
-            "ratio_mean": (ratio * m).sum() / norm,
-        }
-    return loss, stats
+    return Surrogate(loss=torch.maximum(unclipped, clipped), ratio=ratio.detach(), log_ratio=log_ratio.detach(),
+                     clipped=(clipped > unclipped).detach())
 
 
 def ppo_value_loss(
@@ -445,3 +467,89 @@ class FixedKLController:
 
     def load_state_dict(self, state: dict) -> None:
         self.value = float(state["value"])
+
+
+# ----------------------------------------------------------------------------------------------
+# GRPO (Shao et al. 2024): the group of one source's samples as the baseline, no critic
+
+# What divides a group's centred rewards (``grpo.scale_rewards``; TRL's names): the group's own
+# standard deviation (published), the whole step's ("Lite PPO", arXiv 2508.08221), or nothing
+# (Dr. GRPO, Liu et al. 2025, arXiv 2503.20783: a group's std weighs sources by how much their
+# samples happen to differ).
+GRPO_SCALINGS = ("group", "batch", "none")
+# How the per-token losses become one number (``grpo.loss_type``; TRL's names): "grpo", each
+# sequence's token mean, then the mean over sequences (published); "dapo", the mean over every
+# token of the step (DAPO, arXiv 2503.14476; TRL's "bnpo" is the same over one micro-batch, which
+# would make the update depend on how the step is split); "dr_grpo", the token sum over sequences x
+# max_new_tokens (Dr. GRPO: without length normalisation a long sample's tokens weigh as much as a
+# short one's).
+GRPO_LOSS_TYPES = ("grpo", "dapo", "dr_grpo")
+# Added to the std, as TRL: a group whose samples all scored the same gets advantages 0, not NaN.
+GRPO_STD_EPS = 1e-4
+
+
+def group_advantages(rewards: torch.Tensor, scale: str = "group", batch_std: float | torch.Tensor | None = None,
+                     eps: float = GRPO_STD_EPS) -> torch.Tensor:
+    """GRPO's advantages [N, G] from ``rewards`` [N, G] (G samples of each of N sources): each
+    reward minus its group's mean, divided by (std + ``eps``) for ``scale`` "group" (the group's
+    unbiased std) or "batch" (``batch_std``: the whole step's, which the caller gathers), or
+    not divided ("none")."""
+    if rewards.dim() != 2 or rewards.shape[1] < 2:
+        raise ValueError(f"group_advantages expects rewards [N, G] with G >= 2, got shape {tuple(rewards.shape)}")
+    if scale not in GRPO_SCALINGS:
+        raise ValueError(f"unknown scale {scale!r}; expected one of {', '.join(GRPO_SCALINGS)}")
+    rewards = rewards.detach().float()
+    centred = rewards - rewards.mean(dim=1, keepdim=True)
+    if scale == "group":
+        return centred / (rewards.std(dim=1, keepdim=True) + eps)
+    if scale == "batch":
+        if batch_std is None:
+            raise ValueError("scale='batch' needs the step's batch_std")
+        return centred / (float(batch_std) + eps)
+    return centred
+
+
+def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Per-token KL(policy || ref) [B, T] by Schulman's k3 estimator on tokens sampled from the
+    policy: exp(ref - logp) - (ref - logp) - 1, never negative, 0 where the two agree and off
+    ``mask``. Unlike PPO's k1 reward penalty it is a loss term: the gradient flows through ``logp``."""
+    d = ref_logp.detach() - logp
+    kl = torch.exp(d) - d - 1
+    return torch.where(mask.bool(), kl, torch.zeros_like(kl))
+
+
+def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+              clip: float = CLIP, ref_logp: torch.Tensor | None = None, kl_coef: float = 0.0,
+              loss_type: str = "grpo", normaliser: float | int | torch.Tensor | None = None,
+              max_len: int | None = None) -> tuple[torch.Tensor, Surrogate, torch.Tensor | None]:
+    """GRPO's loss: per token the clipped surrogate (``clipped_surrogate``) with each sequence's
+    advantage (``advantages`` [B]) plus ``kl_coef`` x the k3 KL to ``ref_logp`` (needed when
+    ``kl_coef`` > 0), summed as ``loss_type`` says (``GRPO_LOSS_TYPES``) and divided by
+    ``normaliser``: the step's sequences ("grpo"), its tokens ("dapo") or its sequences x
+    ``max_len`` ("dr_grpo"); None takes this batch's own count.
+
+    Returns the loss, the surrogate's per-token parts and the per-token KL (detached; None without
+    a reference)."""
+    if loss_type not in GRPO_LOSS_TYPES:
+        raise ValueError(f"unknown loss_type {loss_type!r}; expected one of {', '.join(GRPO_LOSS_TYPES)}")
+    m = mask.to(logp.dtype)
+    s = clipped_surrogate(logp, old_logp, advantages.unsqueeze(1), clip)
+    per_token, kl = s.loss, None
+    if kl_coef != 0.0:
+        if ref_logp is None:
+            raise ValueError("kl_coef > 0 needs ref_logp")
+        kl = k3_kl(logp, ref_logp, mask)
+        per_token = per_token + kl_coef * kl
+        kl = kl.detach()
+    if loss_type == "grpo":
+        total = ((per_token * m).sum(-1) / m.sum(-1).clamp(min=1.0)).sum()
+        local = logp.shape[0]
+    else:
+        total = (per_token * m).sum()
+        if loss_type == "dapo":
+            local = m.sum()
+        else:
+            if normaliser is None and max_len is None:
+                raise ValueError("loss_type='dr_grpo' needs max_len or a normaliser")
+            local = logp.shape[0] * (max_len or 1)
+    return total / _normaliser(normaliser, local), s, kl

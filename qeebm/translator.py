@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from qeebm.config import GenerationConfig, LoraConfig, ModelConfig
+from qeebm.config import BottleneckConfig, GenerationConfig, LoraConfig, ModelConfig
 from qeebm.errors import QeebmError, first_line
 from qeebm.integrity import check_model_dir, seal_model_dir
 from qeebm.langcodes import to_model_code
@@ -29,6 +29,12 @@ log = logging.getLogger(__name__)
 FAMILY_OF_MODEL_TYPE = {"m2m_100": "nllb", "mbart": "mbart"}
 DROPOUT_KEYS = ("dropout", "attention_dropout", "activation_dropout")
 ADAPTER_CONFIG = "adapter_config.json"
+# A saved bottleneck translator: the frozen base's files, and the adapter in adapters' own layout in
+# this subdirectory (its adapter_config.json is adapters', not peft's).
+BOTTLENECK_DIR = "bottleneck"
+BOTTLENECK_NAME = "bottleneck"  # the adapter's name inside the model
+# The families whose model adapters 1.3 integrates: MBart, not M2M100.
+BOTTLENECK_FAMILIES = ("mbart",)
 
 
 def _looks_local(name: str) -> bool:
@@ -128,6 +134,46 @@ def _peft_config(lora: LoraConfig):
         lora_dropout=lora.dropout,
         target_modules=list(lora.target_modules),
     )
+
+
+def _adapters_package():
+    try:
+        import adapters
+    except ImportError:
+        raise QeebmError("bottleneck adapters (model.bottleneck) need the adapters package (AdapterHub): "
+                         "pip install 'qeebm[adapters]'") from None
+    return adapters
+
+
+def _add_bottleneck(model, bottleneck: BottleneckConfig, saved: Path | None):
+    """``model`` with a bottleneck adapter, the only part that trains: the one saved in ``saved``
+    (``save_adapter``'s layout) or a fresh one of ``bottleneck``'s kind, drawn from torch's RNG. The
+    model keeps its train/eval mode."""
+    adapters = _adapters_package()
+    was_training = model.training
+    adapters.init(model)
+    if saved is not None:
+        model.load_adapter(str(saved), load_as=BOTTLENECK_NAME, with_head=False, use_safetensors=True)
+    else:
+        config = adapters.AdapterConfig.load(bottleneck.kind, reduction_factor=bottleneck.reduction_factor)
+        model.add_adapter(BOTTLENECK_NAME, config=config)
+    # Activating the first adapter warns that none is active (adapters checks before it sets it):
+    # untrue once it returns.
+    quiet = logging.getLogger("adapters.model_mixin")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        model.train_adapter(BOTTLENECK_NAME)  # freezes everything else and activates the adapter
+    finally:
+        quiet.setLevel(level)
+    # train_adapter puts only the inner model in train mode.
+    model.train(was_training)
+    return model
+
+
+def _is_bottleneck(model) -> bool:
+    config = getattr(model, "adapters_config", None)  # set by adapters.init
+    return config is not None and BOTTLENECK_NAME in config.adapters
 
 
 def _is_peft(model) -> bool:
@@ -312,10 +358,13 @@ class Translator:
     @classmethod
     def load(cls, cfg: ModelConfig) -> "Translator":
         """AutoModelForSeq2SeqLM + AutoTokenizer from a hub id or local dir; family from model_type;
-        languages mapped from NLLB codes; optional dropout override and LoRA (peft).
+        languages mapped from NLLB codes; optional dropout override, and LoRA (peft) or bottleneck
+        adapters (adapters).
 
         A directory holding a peft adapter (adapter_config.json, as ``save(merge_lora=False)`` writes)
-        loads its base model and the adapter, trainable. A local directory's files are checked first
+        loads its base model and the adapter, trainable; one holding a bottleneck adapter
+        (``bottleneck/``, as ``save`` writes for one) loads its base and that adapter, trainable, with
+        ``model.bottleneck`` on or off. A local directory's files are checked first
         (``integrity.check_model_dir``): a damaged one is a one-line error naming the file."""
         from transformers import AutoConfig, AutoTokenizer
 
@@ -333,6 +382,17 @@ class Translator:
                 check_model_dir(base_local)
         else:
             base_name, base_local = name, local
+        saved_bottleneck = local / BOTTLENECK_DIR if local is not None else None
+        if saved_bottleneck is not None and not (saved_bottleneck / ADAPTER_CONFIG).is_file():
+            saved_bottleneck = None
+        bottleneck = cfg.bottleneck.enabled or saved_bottleneck is not None
+        if bottleneck and adapter:
+            raise QeebmError(f"translator '{name}' is a LoRA adapter; model.bottleneck cannot go on it")
+        if bottleneck and cfg.lora.enabled:
+            raise QeebmError(
+                f"translator '{name}' has a bottleneck adapter, which trains on; set model.lora.enabled=false"
+                if saved_bottleneck is not None else
+                "model.lora and model.bottleneck are both enabled; choose one kind of adapter")
         # Everything cheap is checked before the weights are read: a mistyped language code should not
         # cost a multi-GB load.
         config = _from_pretrained(AutoConfig, base_name, base_local, "model config")
@@ -342,6 +402,11 @@ class Translator:
                 f"translator '{name}' is a '{config.model_type}' model; "
                 "only NLLB-200 (m2m_100) and mBART-50 (mbart) are supported"
             )
+        if bottleneck:
+            if family not in BOTTLENECK_FAMILIES:
+                raise QeebmError(f"translator '{name}' is a '{config.model_type}' model: the adapters package has "
+                                 "bottleneck adapters for mBART only (model.bottleneck); use model.lora")
+            _adapters_package()
         src_code = to_model_code(cfg.src_lang, family)
         tgt_code = to_model_code(cfg.tgt_lang, family)
         if adapter and _has_tokenizer(local):
@@ -358,10 +423,18 @@ class Translator:
         tokenizer.tgt_lang = tgt_code
 
         model, original_dropout = _load_weights(base_name, base_local, config, cfg.dropout)
-        if cfg.gradient_checkpointing:
+        if cfg.gradient_checkpointing and not bottleneck:
             # transformers recomputes only in train mode; generation (eval mode) keeps its cache.
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        if adapter:
+        if bottleneck:
+            if saved_bottleneck is not None and cfg.bottleneck.enabled:
+                log.info("continuing the bottleneck adapter in %s (its own kind and reduction factor apply)",
+                         saved_bottleneck)
+            model = _add_bottleneck(model, cfg.bottleneck, saved_bottleneck)
+            if cfg.gradient_checkpointing:
+                # After adapters.init: its override recomputes inside the adapters' forward context.
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        elif adapter:
             from peft import PeftModel
 
             model = PeftModel.from_pretrained(model, str(local), is_trainable=True)
@@ -400,7 +473,7 @@ class Translator:
         return self
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
-        """The parameters the optimiser should update (only the adapters when LoRA is on)."""
+        """The parameters the optimiser should update (only the adapters with LoRA or a bottleneck)."""
         return [p for p in self.model.parameters() if p.requires_grad]
 
     def parameter_counts(self) -> tuple[int, int]:
@@ -411,6 +484,15 @@ class Translator:
     @property
     def is_lora(self) -> bool:
         return _is_peft(self.model)
+
+    @property
+    def is_bottleneck(self) -> bool:
+        return _is_bottleneck(self.model)
+
+    @property
+    def adapters_only(self) -> bool:
+        """Whether only adapters train (LoRA or a bottleneck) over a frozen base."""
+        return self.is_lora or self.is_bottleneck
 
     # ------------------------------------------------------------------------------------------
     # Tokenisation
@@ -580,9 +662,12 @@ class Translator:
         transformers.pipeline("translation", model=out_dir, src_lang=..., tgt_lang=...).
 
         With merge_lora=False a LoRA translator writes only its adapter (adapter_config.json names the
-        base model), which ``Translator.load`` reloads. A dropout override is not saved: the written
-        config keeps the checkpoint's own dropout rates. ``digests.json`` records every file's size
-        and sha256 (qeebm.integrity), checked by ``Translator.load``."""
+        base model), which ``Translator.load`` reloads. A bottleneck translator writes its frozen base
+        and, in ``bottleneck/``, its adapter (adapters' ``save_adapter`` layout): ``Translator.load``
+        reloads both, while transformers alone would load the base without the adapter (see
+        docs/training.md for loading it with the adapters package). A dropout override is not saved:
+        the written config keeps the checkpoint's own dropout rates. ``digests.json`` records every
+        file's size and sha256 (qeebm.integrity), checked by ``Translator.load``."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         if self.is_lora and merge_lora:
@@ -596,12 +681,28 @@ class Translator:
         for key, value in original.items():
             setattr(config, key, value)
         try:
-            to_save.save_pretrained(str(out))
+            if self.is_bottleneck:
+                _save_bottleneck(to_save, out)
+            else:
+                to_save.save_pretrained(str(out))
         finally:
             for key, value in current.items():
                 setattr(config, key, value)
         self.tokenizer.save_pretrained(str(out))
         seal_model_dir(out)  # Translator.load checks the files against it
+
+
+def _save_bottleneck(model, out: Path) -> None:
+    """A bottleneck translator's frozen base into ``out`` and its adapter into ``out/bottleneck``.
+    A bottleneck is not linear, so nothing can be merged. transformers' own save_pretrained writes the
+    base: adapters' override would record the adapter in config.json, and adapters.init would then
+    rebuild it, freshly drawn, before the saved one is loaded."""
+    from transformers import PreTrainedModel
+
+    base = {k: v for k, v in model.state_dict().items() if BOTTLENECK_NAME not in k.split(".")}
+    PreTrainedModel.save_pretrained(model, str(out), state_dict=base)
+    # with_head=False: adapters would otherwise add a copy of the output layer (the whole vocabulary).
+    model.save_adapter(str(out / BOTTLENECK_DIR), BOTTLENECK_NAME, with_head=False, use_safetensors=True)
 
 
 def translate_file(

@@ -8,7 +8,7 @@ default world ships for seed 42, or trained first): four learning rates for SFT 
 system SFT's best learning rate (times each of ``--lr-factors``, default 1 alone; PPO also divided
 by its 8 optimiser updates per step) with three values of the system's own knob (PPO: two, at each
 of its two learning rates): the energy's weight rho for QE-EBM (relative weighting),
-the policy-gradient weight for REINFORCE, the KL target for PPO, the pseudo-target weight for
+the policy-gradient weight for REINFORCE and GRPO, the KL target for PPO, the pseudo-target weight for
 QE finetuning, DPO's and CPO's beta. A system trained against the oracle gets the grid of its
 method trained against the Kiwi. A setting's score is
 its best validation on dev, by the selection metric (``--metric``: ``chrf``, the default, or
@@ -51,6 +51,7 @@ KNOBS = {
     "qe-ebm-dynamic": ("qe_ebm.rho", (0.1, 0.3, 1.0), "rho"),
     "reinforce": ("reinforce.pg_weight", (0.3, 1.0, 3.0), "pg_weight"),
     "ppo": ("ppo.kl_target", (1.0, 4.0), "KL target"),
+    "grpo": ("grpo.pg_weight", (0.3, 1.0, 3.0), "pg_weight"),
     "qe-finetune": ("qe_finetune.distill_weight", (0.5, 1.0, 2.0), "distill_weight"),
     "dpo": ("preference.beta", (0.1, 0.3, 1.0), "beta"),
     # CPO's margins are raw sequence log-prob differences (tens of nats): its loss saturates sooner.

@@ -131,10 +131,11 @@ def assert_only_adapters_trained(before: dict[str, torch.Tensor], run_dir: Path,
     assert seen == merged.keys()
 
 
-def launch_two(base: Path, run_dir: Path, *args: str, backend: str = "ddp"):
-    """This script under ``accelerate launch`` with 2 CPU processes: DDP over gloo, or
-    ``backend="deepspeed"`` with recipes/accelerate/deepspeed_zero2.yaml (DeepSpeed's CPU accelerator).
-    The launcher gets a process group of its own, so a test can always end it."""
+def launch_two(base: Path, run_dir: Path, *args: str, backend: str = "ddp", script: Path | None = None):
+    """This script (or ``script``, which takes the same arguments) under ``accelerate launch`` with 2
+    CPU processes: DDP over gloo, or ``backend="deepspeed"`` with recipes/accelerate/deepspeed_zero2.yaml
+    (DeepSpeed's CPU accelerator). The launcher gets a process group of its own, so a test can always
+    end it."""
     import os
     import socket
     import subprocess
@@ -152,7 +153,7 @@ def launch_two(base: Path, run_dir: Path, *args: str, backend: str = "ddp"):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     cmd = [str(Path(sys.executable).with_name("accelerate")), "launch", *launch, "--main_process_port", str(port),
-           str(tests / "ddp_parity.py"), str(base), *args, f"output.run_dir={run_dir}"]
+           str(script or tests / "ddp_parity.py"), str(base), *args, f"output.run_dir={run_dir}"]
     return subprocess.Popen(cmd, cwd=tests.parent, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
 
@@ -173,9 +174,36 @@ def finish(proc, timeout: float, name: str = "run") -> str:
         pytest.fail(f"{name} did not finish in {timeout:.0f} s")
 
 
+def signal_one_process(spec: str) -> None:
+    """``RANK:N`` (env ``QEEBM_TEST_SIGNAL``): process RANK alone raises SIGUSR1 in the middle of its
+    N-th micro-step (counted over the run by backward passes), as when a signal reaches one worker
+    of a job before the others."""
+    import os
+    import signal
+
+    import qeebm.loop
+
+    rank, n = map(int, spec.split(":"))
+    if int(os.environ.get("RANK", "0")) != rank:
+        return
+    real, ran = qeebm.loop.backward, []
+
+    def backward(accelerator, loss):
+        ran.append(1)
+        if len(ran) == n:
+            signal.raise_signal(signal.SIGUSR1)
+        real(accelerator, loss)
+
+    qeebm.loop.backward = backward
+
+
 def main(argv: list[str]) -> None:
+    import os
+
     from qeebm.loop import train
 
+    if os.environ.get("QEEBM_TEST_SIGNAL"):
+        signal_one_process(os.environ["QEEBM_TEST_SIGNAL"])
     cfg = load_config(argv[0], argv[1:])
     train(cfg)
 

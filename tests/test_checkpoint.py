@@ -117,7 +117,7 @@ def test_a_lora_checkpoint_holds_the_trainable_tensors_and_names_its_base(base, 
     assert record["name_or_path"] == cfg.model.name_or_path and len(record["sha256"]) == 64
     assert ckpt.BASE in json.loads((step / "state.json").read_text())["files"]
     # Neither a model that trains everything nor one with other adapters takes it.
-    with pytest.raises(QeebmError, match="holds only LoRA adapters, trained on .*this run trains the whole model"):
+    with pytest.raises(QeebmError, match="holds only adapters, trained on .*this run trains the whole model"):
         ckpt.check_base(step, None)
     for other in ("model.lora.enabled=false", "model.lora.target_modules=[q_proj]", "model.lora.r=2"):
         with pytest.raises(QeebmError, match=re.escape(f"{step / 'model.pt'}: its tensors are not this model's trainable ones")):
@@ -146,7 +146,7 @@ def test_resuming_a_lora_run_on_another_base_is_one_line_naming_both(base, tmp_p
         train(config(2))
     message = str(err.value)
     assert "\n" not in message
-    assert message.startswith(f"cannot resume from {ckpt.step_dir(run / 'checkpoints', 1)}: its LoRA adapters were "
+    assert message.startswith(f"cannot resume from {ckpt.step_dir(run / 'checkpoints', 1)}: its adapters were "
                               f"trained on the base {model} (weights sha256 {before['sha256'][:12]}), but this run's "
                               f"base is {model} (weights sha256 {after['sha256'][:12]})")
     # Back on the base it was trained on, the run resumes.

@@ -1,3 +1,4 @@
+import copy
 import dataclasses
 from pathlib import Path
 
@@ -118,3 +119,20 @@ def test_each_method_keeps_its_own_sampling_defaults():
     cfg = load_config(None, ["reinforce.sampling.num_samples=3", "ppo.sampling.max_new_tokens=8", "ppo.top_k=0"])
     assert (cfg.reinforce.sampling.top_p, cfg.reinforce.sampling.num_samples) == (0.9, 3)
     assert (cfg.ppo.sampling.num_samples, cfg.ppo.sampling.max_new_tokens) == (1, 8)
+
+
+def test_a_saved_config_from_before_a_section_existed_reads_as_its_defaults():
+    from qeebm.config import ADDED_SECTIONS, Config, saved_added_sections, to_dict
+
+    full = to_dict(Config())
+    old = copy.deepcopy(full)
+    for key in ADDED_SECTIONS:
+        *parents, last = key.split(".")
+        node = old
+        for part in parents:
+            node = node[part]
+        del node[last]
+    assert old != full
+    assert saved_added_sections(old) == full
+    # A section the saved config holds is left as it was.
+    assert saved_added_sections(full | {"grpo": {"epochs": 3}})["grpo"] == {"epochs": 3}

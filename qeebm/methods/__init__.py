@@ -6,6 +6,7 @@ import difflib
 
 from qeebm.errors import QeebmError
 from qeebm.methods.base import Batch, Method, StepOutput
+from qeebm.methods.grpo import GRPO
 from qeebm.methods.ppo import PPO
 from qeebm.methods.preference import CPO, DPO
 from qeebm.methods.qe_ebm import QeEbm
@@ -22,7 +23,7 @@ class _Registry(dict):
         raise QeebmError(f"unknown method '{name}'{hint}; known methods: {', '.join(sorted(self))}")
 
 
-METHODS: dict[str, type] = _Registry(sft=SFT, reinforce=Reinforce, ppo=PPO, dpo=DPO, cpo=CPO,
+METHODS: dict[str, type] = _Registry(sft=SFT, reinforce=Reinforce, ppo=PPO, grpo=GRPO, dpo=DPO, cpo=CPO,
                                      **{"qe-ebm": QeEbm, "qe-finetune": QeFinetune})
 
 __all__ = ["METHODS", "Batch", "Method", "StepOutput"]

@@ -17,6 +17,7 @@ from qeebm.errors import QeebmError
 from qeebm.guards import GuardResult, check
 from qeebm.methods.base import Batch
 from qeebm.qad import generate_candidates
+from qeebm.rl import penalised_rewards
 from qeebm.translator import eval_mode
 
 log = logging.getLogger(__name__)
@@ -121,15 +122,26 @@ class QEReward:
         return score, torch.tensor(guarded.penalty, dtype=torch.float32), guarded
 
 
+def step_rewards(scores: list[torch.Tensor], penalties: list[torch.Tensor], unit: str, gather
+                 ) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Each micro-batch's rewards (``rl.penalised_rewards`` of its QE ``scores`` and guard
+    ``penalties``, tensors of any shape) with the statistics of the whole step, so they do not depend
+    on how the step was split: ``gather(t)`` concatenates a 1-d tensor over processes. Returns them
+    and the step's scores (1-d, every process's)."""
+    step_scores = gather(torch.cat([s.flatten() for s in scores]))
+    step_penalty = gather(torch.cat([p.flatten() for p in penalties]))
+    return [penalised_rewards(s, p, unit, step_scores, step_penalty) for s, p in zip(scores, penalties)], step_scores
+
+
 class InitialPolicy:
     """The translator as the method found it, for forward passes without gradient (a reference
     policy, a teacher that is never refreshed), always without dropout.
 
     With a fresh LoRA adapter (every ``lora_B`` still 0, so the adapter adds nothing yet) it is the
     same network with the adapter disabled (peft): no second copy in memory. Otherwise (full
-    fine-tuning, or an adapter loaded to be trained further) it is a frozen copy. The loop builds the
-    method before it restores a checkpoint, so either way this is the run's starting point, also on
-    resume."""
+    fine-tuning, an adapter loaded to be trained further, or a bottleneck adapter, which changes the
+    network from its first draw) it is a frozen copy. The loop builds the method before it restores a
+    checkpoint, so either way this is the run's starting point, also on resume."""
 
     def __init__(self, translator):
         self.translator = translator

@@ -43,22 +43,19 @@ from qeebm.config import Config
 from qeebm.errors import QeebmError
 from qeebm.guards import GuardResult, hit_rates
 from qeebm.methods.base import Batch, Method, StepOutput
-from qeebm.methods.common import InitialPolicy, QEReward, check_static_qe, label_smoothed_ce, mono_references
-from qeebm.methods.sampling import Samples, mono_sources, sample, sampling_config
+from qeebm.methods.common import (InitialPolicy, QEReward, check_static_qe, label_smoothed_ce, mono_references,
+                                  step_rewards)
+from qeebm.methods.sampling import Samples, mono_sources, replay, sample, sampling_config
 from qeebm.rl import (
     AdaptiveKLController,
     FixedKLController,
     explained_variance,
     gae,
     masked_moments,
-    penalised_rewards,
     per_token_rewards,
-    policy_logits,
     ppo_policy_loss,
     ppo_value_loss,
     sequence_kl,
-    sequence_logprobs,
-    token_entropy,
     value_moments,
     whiten,
 )
@@ -196,15 +193,10 @@ class PPO(Method):
     def forward(self, module, s: Samples, rows=None, values: bool = True, entropy: bool = False):
         """Token log-probs [b, T] under the sampling distribution, values [b, T] (None if not asked)
         and, when asked, the policy's token entropy [b, T] (detached); all 0 off the mask."""
-        pick = (lambda t: t) if rows is None else (lambda t: t[rows])
-        mask = pick(s.mask)
-        out = module(input_ids=pick(s.input_ids), attention_mask=pick(s.attention_mask),
-                     decoder_input_ids=pick(s.decoder_input_ids), output_hidden_states=values, use_cache=False)
-        logits = policy_logits(out.logits, s.temperature, s.suppress)  # [b, T, V]
-        logp, _ = sequence_logprobs(logits, pick(s.tokens), mask)  # [b, T]
-        ent = token_entropy(logits, mask) if entropy else None
+        logp, ent, out = replay(module, s, rows, hidden_states=values, entropy=entropy)
         if not values:
             return logp, None, ent
+        mask = s.mask if rows is None else s.mask[rows]
         hidden = out.decoder_hidden_states[-1].float()
         v = self.value_head(hidden.detach() if self.detach_critic else hidden)  # [b, T]
         return logp, torch.where(mask, v, torch.zeros_like(v)), ent
@@ -234,11 +226,10 @@ class PPO(Method):
         c = self.c
         # 4. Rewards (guard hits penalised with the step's statistics), then per-token rewards with
         #    this step's KL coefficient.
-        step_qe = gather(torch.cat([r.qe for r in rollouts]))
-        step_penalty = gather(torch.cat([r.penalty for r in rollouts]))
-        unit = self.cfg.guards.penalty_unit
-        for r in rollouts:
-            r.scores = penalised_rewards(r.qe, r.penalty, unit, step_qe, step_penalty)
+        scores, step_qe = step_rewards([r.qe for r in rollouts], [r.penalty for r in rollouts],
+                                       self.cfg.guards.penalty_unit, gather)
+        for r, score in zip(rollouts, scores):
+            r.scores = score
         step_scores = gather(torch.cat([r.scores for r in rollouts]))
         kl_coef = self.kl_ctl.value
         for r in rollouts:

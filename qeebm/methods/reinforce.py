@@ -29,16 +29,13 @@ from qeebm.config import Config
 from qeebm.errors import QeebmError
 from qeebm.guards import GuardResult, hit_rates
 from qeebm.methods.base import Batch, Method, StepOutput
-from qeebm.methods.common import QEReward, check_static_qe, label_smoothed_ce, mono_references
-from qeebm.methods.sampling import Samples, mono_sources, sample, sampling_config
+from qeebm.methods.common import QEReward, check_static_qe, label_smoothed_ce, mono_references, step_rewards
+from qeebm.methods.sampling import Samples, mono_sources, replay, sample, sampling_config
 from qeebm.rl import (
     RunningMeanBaseline,
     normalise_rewards,
-    penalised_rewards,
     policy_gradient_loss,
-    policy_logits,
     rloo_baseline,
-    sequence_logprobs,
 )
 from qeebm.translator import eval_mode
 
@@ -112,10 +109,10 @@ class Reinforce(Method):
     def finish_rollouts(self, rollouts: list[ReinforceRollout], gather) -> list[ReinforceRollout]:
         """2-3. Rewards and advantages from the whole step. ``gather(t)`` concatenates a 1-d tensor
         over processes, so every process computes the same rewards, baseline and scale."""
-        step_scores = gather(torch.cat([r.scores.flatten() for r in rollouts]))
-        step_penalty = gather(torch.cat([r.penalty.flatten() for r in rollouts]))
-        for r in rollouts:
-            r.rewards = penalised_rewards(r.scores, r.penalty, self.cfg.guards.penalty_unit, step_scores, step_penalty)
+        penalised, step_scores = step_rewards([r.scores for r in rollouts], [r.penalty for r in rollouts],
+                                              self.cfg.guards.penalty_unit, gather)
+        for r, w in zip(rollouts, penalised):
+            r.rewards = w
         rewards = torch.cat([r.rewards.flatten() for r in rollouts])  # [n_local * K]
         every = gather(rewards)  # [global samples]
         if self.c.baseline == "running_mean":
@@ -148,9 +145,8 @@ class Reinforce(Method):
         # 4. Policy gradient: -A * log p(sample), a token mean over the step's samples. Dropout off,
         #    as the samples were drawn; the log-probs are those of the sampling distribution.
         with eval_mode(self.model):
-            logits = self.model(input_ids=s.input_ids, attention_mask=s.attention_mask,
-                                decoder_input_ids=s.decoder_input_ids, use_cache=False).logits  # [B, T, V]
-        _, seq_logp = sequence_logprobs(policy_logits(logits, s.temperature, s.suppress), s.tokens, s.mask)  # [B]
+            logp, _, _ = replay(self.model, s)  # [B, T]
+        seq_logp = logp.sum(dim=1)  # [B]
         pg = policy_gradient_loss(seq_logp, r.advantages.flatten(), normaliser=max(r.global_tokens, 1.0))
         terms = {"pg": self.c.pg_weight * pg}
         metrics = {

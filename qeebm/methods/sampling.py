@@ -1,5 +1,6 @@
 """K samples per source from the translator, shared by every method that samples (QE-EBM,
-REINFORCE, PPO): one place that generates, replicates the sources and keeps the emitted tokens."""
+REINFORCE, PPO, GRPO): one place that generates, replicates the sources and keeps the emitted
+tokens, and one that replays them for their log-probabilities."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch
 from qeebm.config import GenerationConfig, SamplingConfig
 from qeebm.errors import QeebmError
 from qeebm.methods.base import Batch
-from qeebm.rl import eos_mask
+from qeebm.rl import eos_mask, policy_logits, sequence_logprobs, token_entropy
 
 
 def sampling_config(c: SamplingConfig) -> GenerationConfig:
@@ -78,6 +79,23 @@ def sample(translator, src: list[str], k: int, gen: GenerationConfig, enc: dict 
         temperature=gen.temperature,
         suppress=torch.tensor(translator.suppressed_ids, dtype=torch.long, device=sequences.device),
     )
+
+
+def replay(module, s: Samples, rows: torch.Tensor | None = None, hidden_states: bool = False,
+           entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None, object]:
+    """Teacher-force the samples (``rows`` of them, or all) through ``module``: the log-probability
+    [b, T] of each sampled token under the distribution it was drawn from (``rl.policy_logits``: the
+    temperature, the suppressed tokens), 0 off the mask; the policy's token entropy [b, T]
+    (detached) when ``entropy``, else None; and the model's output, whose
+    ``decoder_hidden_states`` exist when ``hidden_states``. Gradients flow when the caller allows
+    them; dropout is the caller's to switch off."""
+    pick = (lambda t: t) if rows is None else (lambda t: t[rows])
+    mask = pick(s.mask)
+    out = module(input_ids=pick(s.input_ids), attention_mask=pick(s.attention_mask),
+                 decoder_input_ids=pick(s.decoder_input_ids), output_hidden_states=hidden_states, use_cache=False)
+    logits = policy_logits(out.logits, s.temperature, s.suppress)  # [b, T, V]
+    logp, _ = sequence_logprobs(logits, pick(s.tokens), mask)  # [b, T]
+    return logp, token_entropy(logits, mask) if entropy else None, out
 
 
 def action_mask(translator, sequences: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
