@@ -199,6 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
         "  qe-finetune  CE + CE on the QE's (or MBR's) pick of N candidates        qe_finetune.*\n"
         "  dpo          CE + DPO on the QE's best and worst of N candidates        preference.*, guards.*\n"
         "  cpo          CE + CPO (no reference model, NLL on the best) likewise    preference.*, guards.*\n"
+        "the reward of reinforce, ppo, grpo, qe-finetune, dpo, cpo: qe.path, or the weighted sum of reward.terms\n"
         "examples (recipes/configs/tiny_*.yaml, after `qeebm tinyworld build data/tinyworld`):\n"
         "  qeebm train --config recipes/configs/tiny_sft.yaml\n"
         "  qeebm train --config recipes/configs/tiny_qe-ebm-static.yaml qe_ebm.rho=0.3 output.run_dir=runs/qe-ebm",

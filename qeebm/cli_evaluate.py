@@ -19,6 +19,7 @@ from qeebm.evaluate import (
     check_trained_on,
     eval_report_path,
     evaluate_system,
+    infer_reward_terms,
     infer_trained_on,
     read_hypotheses,
     run_config,
@@ -123,8 +124,10 @@ def evaluate_main(args) -> dict:
     else:
         test_cfg = CorpusConfig(path="data/tinyworld/data/test.tsv")
     test = read_corpus(test_cfg, "test", need_target=True)
+    reward_terms = None
     if args.trained_on == "auto":
         trained_on = infer_trained_on(config, spec)
+        reward_terms = infer_reward_terms(config, spec)
     else:
         trained_on = None if args.trained_on in ("none", "") else args.trained_on
     check_trained_on(trained_on, spec)
@@ -166,7 +169,8 @@ def evaluate_main(args) -> dict:
     report = evaluate_system(hyps, test, spec, system=system, seed=seed,
                              config_id=make_config_id(config) if config is not None else None,
                              model=model, decoding=decoding, trained_on=trained_on, heldout=heldout,
-                             data_path=test_cfg.path, selection=record, tgt_lang=tgt_lang)
+                             data_path=test_cfg.path, selection=record, tgt_lang=tgt_lang,
+                             reward_terms=reward_terms)
     if translated:
         report["seconds"] = {"decode": round(decode_s, 3), **report["seconds"]}
 

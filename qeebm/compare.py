@@ -107,6 +107,16 @@ class System:
         return self.entries[0].report.get("trained_on")
 
     @property
+    def reward_terms(self) -> list[dict]:
+        """The terms of the composite reward it was trained against (empty for a single QE)."""
+        return list(self.entries[0].report.get("reward_terms", []))
+
+    @property
+    def trained(self) -> list[str]:
+        """Every metric it was trained against: ``trained_on`` and each reward term's."""
+        return list(dict.fromkeys(m for m in (self.trained_on, *(t.get("metric") for t in self.reward_terms)) if m))
+
+    @property
     def heldout(self) -> list[str]:
         return list(self.entries[0].report.get("heldout", []))
 
@@ -118,7 +128,7 @@ class System:
     @property
     def optimised(self) -> list[str]:
         """Every metric the system's outputs were pushed towards: in training, then in selection."""
-        return list(dict.fromkeys(m for m in (self.trained_on, self.selected_on) if m))
+        return list(dict.fromkeys(m for m in (*self.trained, self.selected_on) if m))
 
     @property
     def selection(self) -> dict | None:
@@ -163,7 +173,7 @@ def group_systems(entries: Sequence[Entry]) -> list[System]:
     for name, group in groups.items():
         first = group[0]
         for entry in group[1:]:
-            for key in ("config_id", "trained_on", "heldout", "selected_on"):
+            for key in ("config_id", "trained_on", "heldout", "selected_on", "reward_terms"):
                 if entry.report.get(key) != first.report.get(key):
                     raise QeebmError(
                         f"system '{name}': {first.path} and {entry.path} differ in {key} "
@@ -404,7 +414,8 @@ def compare(entries: Sequence[Entry], baseline: str | None = None, metrics: Sequ
 
 def reward_hacking_checks(result: Comparison) -> tuple[list[str], list[str]]:
     """A system whose training QE (or the QE that reranked its candidates) improves significantly
-    while no held-out judge does is likely exploiting the QE rather than translating better.
+    while no held-out judge does is likely exploiting the QE rather than translating better. Every
+    term of a composite reward (``reward_terms``) is a training QE here, chrF++ included.
     Returns WARNING lines and notes about systems that could not be checked."""
     warnings, notes = [], []
     for system in result.systems:
@@ -419,11 +430,12 @@ def reward_hacking_checks(result: Comparison) -> tuple[list[str], list[str]]:
                              f"judges ({', '.join(system.heldout) or 'none listed'}) was compared")
                 break
             if not any(result.improved(system.name, h) for h in judges):
-                role = " and ".join(r for r, m in (("training", system.trained_on), ("selection", system.selected_on))
-                                    if m == metric)
+                role = " and ".join(r for r, hit in (("training", metric in system.trained),
+                                                     ("selection", metric == system.selected_on)) if hit)
                 delta = result.cells[system.name][metric].delta
                 warnings.append(
-                    f"WARNING: possible reward hacking: {system.name} improves its {role} QE "
+                    f"WARNING: possible reward hacking: {system.name} improves its {role} "
+                    f"{'metric' if metric in SACREBLEU_METRICS else 'QE'} "
                     f"{label(metric)} significantly ({delta:+.2f}) but none of the held-out judges "
                     f"({', '.join(label(h) for h in judges)}) improves significantly over {result.baseline}")
     return warnings, notes
@@ -549,6 +561,7 @@ def to_json(result: Comparison) -> dict:
             "config_id": system.entries[0].report.get("config_id"),
             "reports": [str(e.path) for e in system.entries],
             "trained_on": system.trained_on,
+            "reward_terms": system.reward_terms,
             "selected_on": system.selected_on,
             "selection": system.selection,
             "heldout": system.heldout,

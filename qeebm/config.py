@@ -12,6 +12,8 @@ import copy
 import dataclasses
 import difflib
 import logging
+import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -356,7 +358,7 @@ class QeEbmConfig:
 class ReinforceConfig:
     """REINFORCE, the paper's policy-gradient baseline: ``sampling.num_samples`` (K) samples of each
     source-only sentence (``data.mono``, global size ``optim.batch_size``), nucleus p=0.9 as
-    published; reward = QE score (``qe.path``) with the hits of the ``guards`` penalised (when
+    published; reward = QE score (``qe.path``, or ``reward.terms``) with the hits of the ``guards`` penalised (when
     ``guards`` is true; ``guards.penalty_unit``); loss = alpha * CE(labelled batch) + pg_weight *
     policy gradient, both token means over the step; no KL term.
 
@@ -479,9 +481,10 @@ class QeFinetuneConfig(CandidatesConfig):
     the teacher stays the initial model, as in the paper's offline QE-finetuning data).
     ``candidates``: "beam" (the N best of a beam of max(``num_beams``, N); N = 1 with num_beams 1 is
     greedy) or "sample" (``temperature``, ``top_k``, ``top_p``, ``epsilon``: epsilon sampling).
-    ``selection``: "rerank" (the candidate with the highest score of the QE at ``qe.path``) or "mbr"
-    (the highest expected ``utility`` with the candidates as pseudo-references: "chrf" = chrF++, or
-    a reference-based COMET checkpoint)."""
+    ``selection``: "rerank" (the candidate with the highest score of the QE at ``qe.path``, or of
+    ``reward.terms``; a reference-based one reads the pool's references) or "mbr" (the highest
+    expected ``utility`` with the candidates as pseudo-references: "chrf" = chrF++, or a
+    reference-based COMET checkpoint)."""
 
     selection: str = "rerank"  # rerank | mbr
     utility: str = "chrf"  # mbr: chrf, or a reference-based COMET directory / hub id
@@ -501,9 +504,10 @@ class PreferenceConfig(CandidatesConfig):
     never: the initial model, offline preference data, as DPO and ALMA-R use). ``candidates``: "beam"
     (the N best of a beam of max(``num_beams``, N)) or "sample" (``temperature``, ``top_k``, ``top_p``,
     ``epsilon``). ``include_reference``: a labelled source's reference joins its candidates (CPO's
-    triplets: reference and system outputs ranked together). The QE at ``qe.path`` scores every
-    candidate; chosen = the best that trips no guard (``guards``, qeebm/guards.py, when ``guards`` is
-    true), rejected = the worst, a guard-tripping candidate ranking below every clean one.
+    triplets: reference and system outputs ranked together). The QE at ``qe.path`` (or
+    ``reward.terms``) scores every candidate; chosen = the best that trips no guard (``guards``,
+    qeebm/guards.py, when ``guards`` is true), rejected = the worst, a guard-tripping candidate
+    ranking below every clean one.
 
     ``beta``: DPO's and CPO's own name for the scale of the implicit reward inside the sigmoid, loss
     = -log sigmoid(beta * margin), margin = the chosen's minus the rejected's log pi/pi_ref (DPO) or
@@ -528,6 +532,29 @@ class PreferenceConfig(CandidatesConfig):
 
 
 @dataclass
+class RewardTerm:
+    """One named part of a composite reward: ``path`` is a QE or metric the toolkit loads (a
+    CometKiwi-style directory or hub id, a reference-based COMET or XCOMET) or ``chrf`` (sentence
+    chrF++ against the pool's reference); its score counts ``weight`` times."""
+
+    name: str = ""
+    path: str = ""
+    weight: float = 1.0
+
+
+@dataclass
+class RewardConfig:
+    """What the reward-based methods (REINFORCE, PPO, GRPO, DPO/CPO's ranking, QE finetuning's
+    rerank selection) score a translation with: the weighted sum of ``terms``, each term's mean
+    logged as ``reward/<name>``; empty: the QE at ``qe.path`` alone, unlogged. Guard penalties
+    (``guards``) apply to the sum as to a single QE's score. With terms, ``qe.path`` is no longer
+    the reward; it stays what validation's ``kiwi`` metric and ``qeebm qe-check`` read. QE-EBM's
+    energy is a gradient through one QE, ``qe.path``: it takes no composite."""
+
+    terms: list[RewardTerm] = field(default_factory=list)
+
+
+@dataclass
 class Config:
     method: str = "sft"
     seed: int = 42
@@ -547,6 +574,7 @@ class Config:
     preference: PreferenceConfig = field(default_factory=PreferenceConfig)
     # Reward-hacking guards (qeebm/guards.py) for the methods that switch them on.
     guards: GuardConfig = field(default_factory=GuardConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -743,7 +771,7 @@ def upgrade_keys(values: dict, warn: bool = True) -> dict:
 
 # Sections added after run directories were saved, whose absence meant what their defaults mean: a
 # saved run config without one resumes as if it held them (no bottleneck adapters, GRPO's defaults).
-ADDED_SECTIONS = ("model.bottleneck", "grpo")
+ADDED_SECTIONS = ("model.bottleneck", "grpo", "reward")
 
 
 def saved_added_sections(values: dict) -> dict:
@@ -776,9 +804,30 @@ def saved_sampler_defaults(values: dict) -> dict:
     return out
 
 
+# A term's name becomes a metric key (``reward/<name>``): a plain word.
+TERM_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.-]*\Z")
+
+
+def _check_reward_terms(cfg: Config) -> None:
+    names: set[str] = set()
+    for i, term in enumerate(cfg.reward.terms):
+        key = f"reward.terms[{i}]"
+        if not TERM_NAME.match(term.name):
+            raise QeebmError(f"config key '{key}.name' must be a word (letters, digits, _ . -, starting with a "
+                             f"letter); got {term.name!r}")
+        if term.name in names:
+            raise QeebmError(f"config key '{key}.name': the name {term.name!r} is given twice")
+        names.add(term.name)
+        if not term.path.strip():
+            raise QeebmError(f"config key '{key}.path' ({term.name}) must name a QE directory, a hub id or 'chrf'")
+        if not math.isfinite(term.weight):
+            raise QeebmError(f"config key '{key}.weight' ({term.name}) must be a finite number; got {term.weight}")
+
+
 def config_from_dict(values: dict, warn: bool = True) -> Config:
     cfg = _build(Config, upgrade_keys(values, warn=warn))
     _check_choices(cfg)
+    _check_reward_terms(cfg)
     return cfg
 
 

@@ -44,7 +44,7 @@ DEFAULT_QE_MODELS = {
 }
 DEFAULT_QE_BATCH_SIZE = 16  # comet-score's
 PRECISIONS = ("fp16", "fp32")
-# Methods whose reward or energy is the QE named by the config key qe.path.
+# Methods whose reward or energy is the QE named by the config key qe.path (or reward.terms).
 QE_TRAINED_METHODS = frozenset({"qe-ebm", "reinforce", "ppo", "grpo", "qe-finetune", "dpo", "cpo"})
 # A judge's name becomes a report key and a compare column: keep it a plain word.
 JUDGE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.-]*\Z")
@@ -305,6 +305,7 @@ def evaluate_system(
     data_path: Optional[str] = None,
     selection: Union["Selection", dict, None] = None,
     tgt_lang: Optional[str] = None,
+    reward_terms: Optional[Sequence[dict]] = None,
 ) -> dict:
     """Score one system on a test set; returns its validated report (qeebm/report.py format).
 
@@ -317,7 +318,9 @@ def evaluate_system(
     candidates go through, or (with hypotheses) the record of the selection that chose them
     (``qad.selection_report``). ``tgt_lang``: the target language (NLLB or mBART-50 code), whose
     sacrebleu default chooses BLEU's tokenizer unless ``metrics.bleu_tokenize`` does; default: the
-    translator's, and with hypotheses none (sacrebleu's 13a). ``model``, ``decoding`` and
+    translator's, and with hypotheses none (sacrebleu's 13a). ``reward_terms``: the terms of the
+    composite reward the system was trained against (``infer_reward_terms``), recorded in the report;
+    "auto" held-out metrics leave out every term's metric too. ``model``, ``decoding`` and
     ``data_path`` are provenance only."""
     from qeebm.qad import Selection, check_selection_model, decode_and_select
     from qeebm.report import bleu_tokenizer
@@ -364,7 +367,8 @@ def evaluate_system(
         log.info("%s (%s): %.4f over %d segments in %.1f s", name, models[name], sum(scores[name]) / len(hyps),
                  len(hyps), seconds[name])
     if heldout == "auto":
-        heldout = [n for n in neural if n not in (trained_on, selected_on)]
+        trained = {trained_on, selected_on} | {t.get("metric") for t in reward_terms or ()}
+        heldout = [n for n in neural if n not in trained]
 
     from qeebm.report import build_report, validate_report
 
@@ -375,6 +379,8 @@ def evaluate_system(
                           signatures=signatures, sacrebleu=sacre)
     report["signatures"] = {n: report["signatures"][n] for n in sacre + neural}
     report["seconds"] = {k: round(v, 3) for k, v in seconds.items()}
+    if reward_terms:
+        report["reward_terms"] = [dict(t) for t in reward_terms]
     if selection is not None:
         report["signatures"]["selection"] = selection["signature"]
         report["selection"] = selection
@@ -479,12 +485,38 @@ def _same_model(a: str, b: str) -> bool:
     return a == b
 
 
-def infer_trained_on(config: Optional[dict], spec: MetricSpec) -> Optional[str]:
-    """The metric a run was optimised against: the metric whose model is the run's qe.path, else
-    "kiwi" for a QE-trained method (they all train against a CometKiwi-style estimator); None for
-    SFT and for a model without a run."""
+def _term_metric(path: str, spec: MetricSpec) -> str:
+    """The report metric a reward term is: chrF++ for ``chrf``, the metric whose model is ``path``,
+    else "kiwi" (as ``infer_trained_on``: an unknown QE is taken for a CometKiwi-style estimator)."""
+    from qeebm.qad import CHRF
+
+    if path == CHRF:
+        return "chrf"
+    return next((name for name, model in spec.qe_models().items() if _same_model(model, path)), "kiwi")
+
+
+def infer_reward_terms(config: Optional[dict], spec: MetricSpec) -> Optional[list[dict]]:
+    """The terms of a run's composite reward (``reward.terms``: name, path, weight) with the report
+    metric each one is (``metric``); None for a run without terms and for a method without a reward."""
     if not config or config.get("method") not in QE_TRAINED_METHODS:
         return None
+    terms = (config.get("reward") or {}).get("terms") or []
+    if not terms:
+        return None
+    return [{"name": str(t.get("name")), "path": str(t.get("path")), "weight": float(t.get("weight", 1.0)),
+             "metric": _term_metric(str(t.get("path")), spec)} for t in terms]
+
+
+def infer_trained_on(config: Optional[dict], spec: MetricSpec) -> Optional[str]:
+    """The metric a run was optimised against: the metric whose model is the run's qe.path, else
+    "kiwi" for a QE-trained method (they all train against a CometKiwi-style estimator); with a
+    composite reward, its first term's (``infer_reward_terms`` gives them all); None for SFT and for
+    a model without a run."""
+    if not config or config.get("method") not in QE_TRAINED_METHODS:
+        return None
+    terms = infer_reward_terms(config, spec)
+    if terms:
+        return terms[0]["metric"]
     qe_path = str((config.get("qe") or {}).get("path", ""))
     finetune = config.get("qe_finetune") or {}
     if config.get("method") == "qe-finetune" and finetune.get("selection") == "mbr":
@@ -564,6 +596,8 @@ def evaluate_run(run_dir: Union[str, Path], test=None, metrics: Optional[MetricS
     if test is None:
         test = CorpusConfig(**((config.get("data") or {}).get("test") or {}))
     src, ref, path = read_test(test)
+    # An explicit trained_on overrides what the config says, its reward's terms included.
+    reward_terms = infer_reward_terms(config, spec) if trained_on == "auto" else None
     trained_on = infer_trained_on(config, spec) if trained_on == "auto" else trained_on
     check_trained_on(trained_on, spec)
     check_qe_models(spec, spec.selected())
@@ -579,6 +613,6 @@ def evaluate_run(run_dir: Union[str, Path], test=None, metrics: Optional[MetricS
         hyps, Corpus(src, ref, origin=[""] * len(src), name="test"), spec,
         system=system or selection_system(system_name(config), selection), seed=config.get("seed"),
         config_id=make_config_id(config), model=str(model_dir), decoding=decoding, trained_on=trained_on,
-        heldout=heldout, data_path=path, selection=record, tgt_lang=tgt_lang)
+        heldout=heldout, data_path=path, selection=record, tgt_lang=tgt_lang, reward_terms=reward_terms)
     report["seconds"] = {"decode": round(decode_s, 3), **report["seconds"]}
     return report, write_eval(report, run_dir, selection_split(split, selection))

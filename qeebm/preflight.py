@@ -62,7 +62,10 @@ def needs(plan) -> list[Need]:
             add("files", getattr(plan.runs[0].cfg.data, split).path, f"split: {split}")
     for run in plan.runs:
         if run.system != "sft":
-            add("qe", run.cfg.qe.path, f"training reward: {run.system}")
+            terms = run.cfg.reward.terms
+            # sentence chrF++ ("chrf") loads nothing
+            for path in [t.path for t in terms if t.path != "chrf"] if terms else [run.cfg.qe.path]:
+                add("qe", path, f"training reward: {run.system}")
         for name in validation_qe_metrics(run.cfg):
             add("qe", qe_metric_path(run.cfg, name), f"validation: {name}")
     spec = metric_spec(plan)

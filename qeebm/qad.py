@@ -109,7 +109,11 @@ def rerank(scorer, src: Sequence[str], cands: Sequence[Sequence[str]]) -> Choice
     all sources in one call (a QEScorer batches them and scores repeated candidates once)."""
     _check_candidates(src, cands)
     flat_src = [s for s, c in zip(src, cands) for _ in c]
-    flat = scorer.score(flat_src, [h for c in cands for h in c])
+    return choose_best(cands, scorer.score(flat_src, [h for c in cands for h in c]))
+
+
+def choose_best(cands: Sequence[Sequence[str]], flat: Sequence[float]) -> Choice:
+    """The highest-scoring candidate of each source, from every candidate's score in order."""
     scores, start = [], 0
     for c in cands:
         scores.append(flat[start:start + len(c)])

@@ -16,6 +16,8 @@ any metric by resampling rows (sacrebleu's paired bootstrap resampling, applied 
                   "comet": [...], "kiwi": [...], "judge": [...]},        # any other key: one number per segment
      "trained_on": "kiwi",              # the QE the system was optimised against, or null
      "heldout": ["judge", "comet"],     # judges it never saw in training (nor in selection)
+     # only for a composite reward (reward.terms): every term, and the metric it is (or null)
+     "reward_terms": [{"name": "kiwi", "path": "...", "weight": 1.0, "metric": "kiwi"}, ...],
      # only when the hypotheses were chosen among candidates (qeebm/qad.py, --rerank / --mbr):
      "selection": {"rule": "rerank", "model": "...", "utility": null, "candidates": 8, "mode": "beam",
                    "signature": "rule:rerank|qe:...|candidates:8|gen:beam8|max_new:50",  # also signatures.selection
@@ -361,6 +363,13 @@ def validate_report(report: Any, where: Any = "report") -> dict:
     heldout = report.get("heldout", [])
     if not isinstance(heldout, list) or not all(isinstance(h, str) for h in heldout):
         _fail(where, "key 'heldout' must be a list of metric names")
+    terms = report.get("reward_terms", [])
+    if not isinstance(terms, list):
+        _fail(where, "key 'reward_terms' must be a list")
+    for i, term in enumerate(terms):
+        if not (isinstance(term, dict) and isinstance(term.get("name"), str) and isinstance(term.get("path"), str)
+                and _is_number(term.get("weight")) and (term.get("metric") is None or isinstance(term["metric"], str))):
+            _fail(where, f"key 'reward_terms' item {i} must hold a name, a path, a finite weight and a metric name or null")
     selected_on = report.get("selected_on")
     if selected_on is not None and not isinstance(selected_on, str):
         _fail(where, "key 'selected_on' must be a metric name or null")

@@ -198,6 +198,7 @@ def bare_method(scale: str, loss_type: str = "grpo", g: int = 3, max_new_tokens:
     method.c = SimpleNamespace(scale_rewards=scale, loss_type=loss_type,
                                sampling=SimpleNamespace(num_samples=g, max_new_tokens=max_new_tokens))
     method.cfg = SimpleNamespace(guards=SimpleNamespace(penalty_unit="spread"))
+    method.reward = SimpleNamespace(step_means=lambda terms, gather: {})  # one QE: no terms to log
     return method
 
 

@@ -126,6 +126,7 @@ def bare_method(baseline: str, scaling: str, penalty_unit: str = "spread") -> Re
     method.c = SimpleNamespace(baseline=baseline, reward_scaling=scaling)
     method.cfg = SimpleNamespace(guards=SimpleNamespace(penalty_unit=penalty_unit))
     method.running = RunningMeanBaseline()
+    method.reward = SimpleNamespace(step_means=lambda terms, gather: {})  # one QE: no terms to log
     return method
 
 

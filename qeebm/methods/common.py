@@ -8,6 +8,7 @@ import contextlib
 import copy
 import dataclasses
 import logging
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -73,6 +74,69 @@ def reads_reference(scorer) -> bool:
     return getattr(scorer, "kind", None) in REFERENCE_KINDS
 
 
+def _same_path_key(path: str) -> str:
+    # Two spellings of one local directory are one QE; a hub id or "chrf" is its own key.
+    local = Path(path).expanduser()
+    return str(local.resolve()) if local.exists() else path
+
+
+class CompositeScorer:
+    """``reward.terms`` as one scorer: each term's QE (``build_scorer``, so every kind qe.path takes)
+    is loaded once however many terms name it; ``score_terms`` gives every term's scores of a batch,
+    ``combine`` their weighted sum. A term that reads references gets the rows' ``ref``; the others
+    never see it, as a single QE's reward."""
+
+    def __init__(self, cfg: Config, device: torch.device):
+        self.terms = list(cfg.reward.terms)
+        self.scorers: dict[str, object] = {}
+        self.paths: dict[str, str] = {}  # term name -> the key of its scorer
+        for i, term in enumerate(self.terms):
+            key = _same_path_key(term.path)
+            if key not in self.scorers:
+                try:
+                    one = dataclasses.replace(cfg, qe=dataclasses.replace(cfg.qe, path=term.path))
+                    self.scorers[key] = build_scorer(one, device)
+                except QeebmError as err:
+                    raise QeebmError(f"config key 'reward.terms[{i}].path' ({term.name}): {err}") from None
+            self.paths[term.name] = key
+        self.reference_terms = [t.name for t in self.terms if reads_reference(self.scorers[self.paths[t.name]])]
+
+    def models(self) -> dict[str, torch.nn.Module]:
+        """Each term's QE model by the path its term names (scorers without a model left out)."""
+        out = {}
+        for term in self.terms:
+            model = getattr(self.scorers[self.paths[term.name]], "model", None)
+            if model is not None:
+                out.setdefault(term.path, model)
+        return out
+
+    def score_terms(self, src: list[str], mt: list[str], ref: list[str] | None = None) -> dict[str, list[float]]:
+        by_key = {}
+        for key, scorer in self.scorers.items():
+            by_key[key] = scorer.score(src, mt, ref) if reads_reference(scorer) else scorer.score(src, mt)
+        return {t.name: by_key[self.paths[t.name]] for t in self.terms}
+
+    def combine(self, scores: dict[str, list[float]]) -> list[float]:
+        """The weighted sum of the terms' scores, row by row."""
+        rows = len(scores[self.terms[0].name])
+        return [sum(t.weight * scores[t.name][i] for t in self.terms) for i in range(rows)]
+
+    def score(self, src: list[str], mt: list[str], ref: list[str] | None = None) -> list[float]:
+        return self.combine(self.score_terms(src, mt, ref))
+
+
+def check_reference_pool(cfg: Config, names: list[str]) -> None:
+    """Terms that read references need a pool with a reference column; a plain-text pool is refused
+    here, naming them, before the loop reads it."""
+    from qeebm.data import corpus_format
+
+    mono = cfg.data.mono
+    if names and mono.path and corpus_format(mono, "mono") == "text" and not mono.tgt_path:
+        raise QeebmError(f"config key 'reward.terms': {', '.join(names)} read(s) the reference of every pool sentence, "
+                         f"but data.mono.path {mono.path} is plain text: give a TSV with columns "
+                         f"'{mono.src_column}' and '{mono.tgt_column}', a JSONL with those keys, or data.mono.tgt_path")
+
+
 def mono_references(batch: Batch, k: int = 1) -> list[str] | None:
     """The references of the batch's source-only sentences, each repeated ``k`` times (the rows of
     its samples), or None when the pool has none."""
@@ -89,37 +153,72 @@ def check_static_qe(cfg: Config) -> None:
 
 
 class QEReward:
-    """What a reward-driven method's reward is made of: the score of (src, mt[, ref]) by ``qe.path``
-    and the largest penalty of the guards it trips. ``rl.penalised_rewards`` combines the two once
-    the whole step is known. A reference-based ``qe.path`` (a COMET, ``chrf``) reads the reference
-    of every row (``needs_reference``: the pool must have them)."""
+    """What a reward-driven method's reward is made of: the score of (src, mt[, ref]) and the largest
+    penalty of the guards it trips. ``rl.penalised_rewards`` combines the two once the whole step is
+    known. The score is the QE at ``qe.path`` or, with ``reward.terms``, their weighted sum
+    (``CompositeScorer``), whose terms the method logs through ``step_means``. A reference-based
+    scorer (a COMET, ``chrf``) reads the reference of every row (``needs_reference``: the pool must
+    have them; ``reads_pool``: the method's rows come from it)."""
 
-    def __init__(self, cfg: Config, translator, use_guards: bool):
-        self.path, self.scorer = cfg.qe.path, build_scorer(cfg, translator.device)
-        self.needs_reference = reads_reference(self.scorer)
+    def __init__(self, cfg: Config, translator, use_guards: bool, reads_pool: bool = True):
+        self.path, self.device = cfg.qe.path, translator.device
+        self.composite = CompositeScorer(cfg, translator.device) if cfg.reward.terms else None
+        if self.composite is not None:
+            self.scorer = self.composite
+            self.needs_reference = bool(self.composite.reference_terms)
+            self.reader = f"reward.terms {', '.join(self.composite.reference_terms)}"
+            if reads_pool:
+                check_reference_pool(cfg, self.composite.reference_terms)
+        else:
+            self.scorer = build_scorer(cfg, translator.device)
+            self.needs_reference = reads_reference(self.scorer)
+            self.reader = f"qe.path {self.path}"
         self.guards = cfg.guards if use_guards else None
         self.src_lang, self.tgt_lang = cfg.model.src_lang, cfg.model.tgt_lang
         self.count_tokens = translator.num_tokens
 
     def frozen_qes(self) -> dict[str, torch.nn.Module]:
-        """The reward's QE (``Method.frozen_qes``); none for a scorer without a model (tests' toys)."""
+        """The reward's QEs (``Method.frozen_qes``); none for a scorer without a model (tests' toys)."""
+        if self.composite is not None:
+            return self.composite.models()
         model = getattr(self.scorer, "model", None)
         return {self.path: model} if model is not None else {}
 
     def __call__(self, src: list[str], hyps: list[str], refs: list[str] | None = None
-                 ) -> tuple[torch.Tensor, torch.Tensor, GuardResult | None]:
-        """Returns (score [B], guard penalty [B], guard result or None), float32 on the CPU. ``refs``
-        is read only by a reference-based scorer."""
-        if self.needs_reference:
-            score = self.scorer.score(list(src), list(hyps), list(refs) if refs is not None else None)
+                 ) -> tuple[torch.Tensor, torch.Tensor, GuardResult | None, dict[str, torch.Tensor]]:
+        """Returns (score [B], guard penalty [B], guard result or None, each term's score [B] by name:
+        empty without ``reward.terms``), float32 on the CPU. ``refs`` is read only by a
+        reference-based scorer."""
+        refs = list(refs) if refs is not None and self.needs_reference else None
+        terms: dict[str, torch.Tensor] = {}
+        if self.composite is not None:
+            parts = self.composite.score_terms(list(src), list(hyps), refs)
+            score = self.composite.combine(parts)
+            terms = {name: torch.tensor(v, dtype=torch.float32) for name, v in parts.items()}
+        elif self.needs_reference:
+            score = self.scorer.score(list(src), list(hyps), refs)
         else:
             score = self.scorer.score(list(src), list(hyps))
         score = torch.tensor(score, dtype=torch.float32)
         if self.guards is None:
-            return score, torch.zeros_like(score), None
+            return score, torch.zeros_like(score), None, terms
         guarded = check(list(src), list(hyps), self.guards, tgt_lang=self.tgt_lang, src_lang=self.src_lang,
                         count_tokens=self.count_tokens)
-        return score, torch.tensor(guarded.penalty, dtype=torch.float32), guarded
+        return score, torch.tensor(guarded.penalty, dtype=torch.float32), guarded, terms
+
+    def step_means(self, terms: list[dict[str, torch.Tensor]], gather) -> dict[str, float]:
+        """``reward/<name>``: each term's mean over every row the step scored (``terms``: what each
+        of this process's calls returned; ``gather`` concatenates over processes). Empty without
+        ``reward.terms``."""
+        if self.composite is None:
+            return {}
+        names = [t.name for t in self.composite.terms]
+        local = torch.zeros(len(names) + 1, dtype=torch.float64)
+        for part in terms:
+            local += torch.tensor([*(float(part[n].double().sum()) for n in names), part[names[0]].numel()],
+                                  dtype=torch.float64)
+        total = gather(local.to(self.device)).view(-1, len(names) + 1).sum(0).tolist()
+        return {f"reward/{n}": total[i] / max(total[-1], 1.0) for i, n in enumerate(names)}
 
 
 def step_rewards(scores: list[torch.Tensor], penalties: list[torch.Tensor], unit: str, gather

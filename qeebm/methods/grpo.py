@@ -23,7 +23,7 @@ processes and micro-steps, so the update does not depend on how the step was spl
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -49,7 +49,8 @@ class GRPORollout:
     From ``finish_rollouts``: ``rewards``, ``advantages`` [N, G]; ``normaliser``, the loss's
     divisor for the whole step (``grpo.loss_type``); ``tokens``, the step's sampled tokens (the
     per-token metrics' divisor); ``step_stats``, statistics of the whole step, logged as they are.
-    ``global_samples``: samples in the whole step."""
+    ``global_samples``: samples in the whole step. ``terms``: each ``reward.terms`` term's scores
+    [B] (empty without them)."""
 
     batch: Batch
     samples: Samples
@@ -57,6 +58,7 @@ class GRPORollout:
     penalty: torch.Tensor
     guards: GuardResult | None
     global_samples: int
+    terms: dict[str, torch.Tensor] = field(default_factory=dict)
     old_logp: torch.Tensor | None = None
     ref_logp: torch.Tensor | None = None
     rewards: torch.Tensor | None = None
@@ -110,7 +112,7 @@ class GRPO(Method):
         # 1-2. Sample G translations of every source-only sentence; score and guard them.
         g = self.c.sampling.num_samples
         s = sample(self.translator, mono_sources(batch), g, self.gen)
-        scores, penalty, guards = self.reward(s.src, s.hyps, mono_references(batch, g))
+        scores, penalty, guards, terms = self.reward(s.src, s.hyps, mono_references(batch, g))
         # 3. Log-probs of the sampling policy (the unwrapped module: no gradient, no DDP) when a later
         #    epoch's ratio needs them, and of the initial model when the KL term does.
         old_logp = ref_logp = None
@@ -123,7 +125,7 @@ class GRPO(Method):
         device = s.tokens.device
         return GRPORollout(batch=batch, samples=s, scores=scores.view(-1, g).to(device),
                            penalty=penalty.view(-1, g).to(device), guards=guards, global_samples=batch.global_mono * g,
-                           old_logp=old_logp, ref_logp=ref_logp)
+                           old_logp=old_logp, ref_logp=ref_logp, terms=terms)
 
     def finish_rollouts(self, rollouts: list[GRPORollout], gather) -> list[GRPORollout]:
         """2 and 4 with the whole step's statistics; ``gather(t)`` concatenates a 1-d tensor over
@@ -147,7 +149,8 @@ class GRPO(Method):
                  "grpo/score_std": step_scores.std().item() if step_scores.numel() > 1 else 0.0,
                  "grpo/advantage_std": advantages.std().item() if advantages.numel() > 1 else 0.0,
                  # Groups whose samples all got the same reward carry no signal at all.
-                 "grpo/flat_groups": (g == g[:, :1]).all(dim=1).double().mean().item()}
+                 "grpo/flat_groups": (g == g[:, :1]).all(dim=1).double().mean().item(),
+                 **self.reward.step_means([r.terms for r in rollouts], gather)}
         for r in rollouts:
             r.normaliser, r.tokens, r.step_stats = max(normaliser, 1.0), max(tokens, 1.0), stats
         return rollouts

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -75,7 +75,8 @@ class PPORollout:
     ``advantages``, ``returns`` [B, T] (0 off the mask); ``plan[e][m]``: the (sample rows, labelled
     rows) of minibatch m in PPO epoch e; ``norms`` [E, M, 3]: every minibatch's global (tokens,
     samples, label tokens); ``step_stats``: statistics of the whole step (explained variance of the
-    critic, the spread of QE scores and rewards), logged as they are.
+    critic, the spread of QE scores and rewards), logged as they are. ``terms``: each
+    ``reward.terms`` term's scores [B] (empty without them).
     """
 
     batch: Batch
@@ -95,6 +96,7 @@ class PPORollout:
     plan: list | None = None
     norms: torch.Tensor | None = None
     step_stats: dict[str, float] | None = None
+    terms: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 @dataclass
@@ -209,7 +211,7 @@ class PPO(Method):
         # 1. Sample, stopping at </s>.
         s = sample(self.translator, mono_sources(batch), self.c.sampling.num_samples, self.gen)
         # 2. Score and guard.
-        qe, penalty, guards = self.reward(s.src, s.hyps, mono_references(batch, self.c.sampling.num_samples))
+        qe, penalty, guards, terms = self.reward(s.src, s.hyps, mono_references(batch, self.c.sampling.num_samples))
         # 3. Old log-probs and values of the policy (the unwrapped module: no gradient, no DDP);
         #    log-probs of the reference.
         policy = self.translator.model
@@ -219,7 +221,7 @@ class PPO(Method):
             ref_logp, _, _ = self.forward(ref, s, values=False)
         device = s.tokens.device
         return PPORollout(batch=batch, samples=s, logp=logp, ref_logp=ref_logp, values=values,
-                          qe=qe.to(device), penalty=penalty.to(device), guards=guards)
+                          qe=qe.to(device), penalty=penalty.to(device), guards=guards, terms=terms)
 
     def finish_rollouts(self, rollouts: list[PPORollout], gather) -> list[PPORollout]:
         """Steps 4-7 over the whole step; ``gather(t)`` concatenates a 1-d tensor over processes."""
@@ -247,7 +249,8 @@ class PPO(Method):
         moments = gather(torch.stack([value_moments(r.values, r.returns, r.samples.mask) for r in rollouts]).sum(0))
         step_stats = {"ppo/value_explained_var": explained_variance(moments.view(-1, 5).sum(0)),
                       "ppo/qe_std": step_qe.std().item() if step_qe.numel() > 1 else 0.0,
-                      "ppo/reward_std": step_scores.std().item() if step_scores.numel() > 1 else 0.0}
+                      "ppo/reward_std": step_scores.std().item() if step_scores.numel() > 1 else 0.0,
+                      **self.reward.step_means([r.terms for r in rollouts], gather)}
         for r in rollouts:
             r.step_stats = step_stats
         if c.whiten_advantages:

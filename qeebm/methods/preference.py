@@ -9,7 +9,8 @@ and run in the loop, budget and protocol of every other method. Per optimiser st
    ``preference.refresh_every`` steps; with 0 it stays the initial model: offline preference data;
 2. (``rollout``) the teacher translates every source of ``preference.pool`` into N candidates (beam
    N-best or samples); with ``include_reference`` a labelled source's reference joins them (CPO's
-   triplets). The QE (``common.QEReward``: ``qe.path``) scores them and the guards check them.
+   triplets). The reward (``common.QEReward``: ``qe.path`` or ``reward.terms``) scores them and the
+   guards check them.
    Chosen = the best candidate that trips no guard; rejected = the worst, a guard-tripping one
    ranking below every clean one (``preference_pair``). A source without a preference (every
    candidate trips a guard; or chosen and rejected are the same text, or score the same and
@@ -137,7 +138,8 @@ class PreferenceRollout:
     CPO); ``skipped``: sources without a preference, by reason; ``candidates``: how many were scored;
     ``guards``: their guard result (None with ``preference.guards`` off). Set by ``finish_rollouts``
     from the whole step: ``counts`` (pairs, chosen tokens of the pairs, sources, candidates) and
-    ``step_stats``, the run's totals, logged as they are."""
+    ``step_stats``, the run's totals, logged as they are. ``terms``: each ``reward.terms`` term's
+    scores of every candidate (empty without them)."""
 
     batch: Batch
     pairs: Pairs
@@ -149,6 +151,7 @@ class PreferenceRollout:
     guards: GuardResult | None
     counts: dict[str, float] = field(default_factory=dict)
     step_stats: dict[str, float] = field(default_factory=dict)
+    terms: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -198,7 +201,7 @@ class Preference(Method):
         self.gen = candidate_generation(GenerationConfig(
             num_beams=c.num_beams, max_new_tokens=c.max_new_tokens, temperature=c.temperature, top_k=c.top_k,
             top_p=c.top_p, epsilon=c.epsilon), c.num_candidates, c.candidates)
-        self.reward = QEReward(cfg, translator, c.guards)
+        self.reward = QEReward(cfg, translator, c.guards, reads_pool=self.needs_mono)
         # A reference-based reward (a COMET, chrF++) reads each source's reference: the pool's, or the
         # labelled pair's.
         self.needs_reference = self.reward.needs_reference
@@ -262,9 +265,9 @@ class Preference(Method):
         flat_src = [s for s, c in zip(src, cands) for _ in c]
         flat_refs = [r for r, c in zip(scored, cands) for _ in c] if self.needs_reference else None
         if flat_refs is not None and None in flat_refs:
-            raise QeebmError(f"qe.path {self.cfg.qe.path} reads each candidate's reference, and some sources have none "
+            raise QeebmError(f"{self.reward.reader} reads each candidate's reference, and some sources have none "
                              "(a source-only pool without a reference column)")
-        qe, penalty, guards = self.reward(flat_src, [h for c in cands for h in c], flat_refs)
+        qe, penalty, guards, terms = self.reward(flat_src, [h for c in cands for h in c], flat_refs)
         qe, tripped = qe.tolist(), (penalty > 0).tolist()
         chosen, rejected, weight, scores, from_reference = [], [], [], [], []
         skipped = {GUARDED: 0, TIE: 0}
@@ -288,7 +291,7 @@ class Preference(Method):
         device = pairs.labels.device
         return PreferenceRollout(batch=batch, pairs=pairs, scores=torch.tensor(scores, device=device),
                                  from_reference=torch.tensor(from_reference, device=device), ref_logp=ref_logp,
-                                 skipped=skipped, candidates=len(flat_src), guards=guards)
+                                 skipped=skipped, candidates=len(flat_src), guards=guards, terms=terms)
 
     def encode(self, src: list[str], chosen: list[str], rejected: list[str], weight: list[float]) -> Pairs:
         tr = self.translator
@@ -318,7 +321,8 @@ class Preference(Method):
         for key in ("pairs", GUARDED, TIE):
             self.totals[key] += round(counts[key])
         stats = {f"{self.name}/pairs_total": float(self.totals["pairs"]),
-                 f"{self.name}/skipped_total": float(self.totals[GUARDED] + self.totals[TIE])}
+                 f"{self.name}/skipped_total": float(self.totals[GUARDED] + self.totals[TIE]),
+                 **self.reward.step_means([r.terms for r in rollouts], gather)}
         for r in rollouts:
             r.counts, r.step_stats = counts, stats
         return rollouts

@@ -198,6 +198,11 @@ class QeEbm(Method):
         if q.path == "chrf":
             raise QeebmError("qe.path 'chrf' is a reward without a gradient; QE-EBM backpropagates through a QE model "
                              "(a CometKiwi, or a reference-based COMET or XCOMET)")
+        terms = cfg.reward.terms
+        if len(terms) > 1 or (terms and (terms[0].path != q.path or terms[0].weight != 1.0)):
+            raise QeebmError("config key 'reward.terms': QE-EBM's energy is a gradient through one QE, qe.path; a "
+                             "composite reward is for reinforce, ppo, grpo, dpo, cpo and qe-finetune (one term may only "
+                             f"restate qe.path with weight 1; got {len(terms)} term(s))")
         if c.weighting == "relative":
             if c.rho < 0 or c.rho_every < 1:
                 raise QeebmError(f"qe_ebm.weighting=relative needs qe_ebm.rho >= 0 and qe_ebm.rho_every >= 1; "

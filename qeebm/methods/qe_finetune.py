@@ -7,8 +7,9 @@ backpropagating through the QE better than distilling its choices?"). Per optimi
    translator as it is now; until the first refresh (and forever with 0) it is the initial model,
    which makes the pseudo-targets the paper's offline QE-finetuning data;
 2. (``rollout``) the teacher translates each source-only sentence of the batch into N candidates
-   (beam N-best or samples) and the best is kept: by the QE at ``qe.path`` (rerank) or by MBR
-   (qeebm/qad.py, the same selection ``qeebm evaluate --rerank/--mbr`` makes);
+   (beam N-best or samples) and the best is kept: by the reward-based methods' reward, the QE at
+   ``qe.path`` or ``reward.terms`` (rerank), or by MBR (qeebm/qad.py, the same selection
+   ``qeebm evaluate --rerank/--mbr`` makes);
 3. (``finish_rollouts``) the selected targets' token count over the whole step, the normaliser of
    their token-mean CE;
 4. (``loss``) alpha * CE(labelled batch) + distill_weight * CE(sources, selected targets), both SFT's
@@ -21,7 +22,7 @@ the run's RNG, which the checkpoint restores.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -31,7 +32,7 @@ from qeebm.methods import common
 from qeebm.methods.base import Batch, Method, StepOutput
 from qeebm.methods.common import Teacher, label_smoothed_ce
 from qeebm.methods.sampling import mono_sources
-from qeebm.qad import CHRF, Choice, Selection
+from qeebm.qad import CHRF, Choice, Selection, choose_best
 
 log = logging.getLogger(__name__)
 
@@ -40,11 +41,15 @@ log = logging.getLogger(__name__)
 class QeFinetuneRollout:
     """One micro-batch: the labelled ``batch`` and ``pseudo``, its N source-only sentences with
     their selected targets as labels (``global_tokens`` set by ``finish_rollouts``); ``choice``:
-    the selection (chosen texts, candidate positions, every candidate's score)."""
+    the selection (chosen texts, candidate positions, every candidate's score); ``terms``: each
+    ``reward.terms`` term's score of every candidate (empty without them); ``step_stats``: the
+    terms' step means, logged as they are."""
 
     batch: Batch
     pseudo: Batch
     choice: Choice
+    terms: dict[str, torch.Tensor] = field(default_factory=dict)
+    step_stats: dict[str, float] = field(default_factory=dict)
 
 
 class QeFinetune(Method):
@@ -56,9 +61,9 @@ class QeFinetune(Method):
         c = cfg.qe_finetune
         if c.selection == "rerank":
             common.check_static_qe(cfg)
-            if cfg.qe.path == "chrf":
-                raise QeebmError("qe_finetune.selection=rerank ranks candidates with a reference-free QE at qe.path; "
-                                 "'chrf' reads references the candidates of a source-only sentence do not have")
+        elif cfg.reward.terms:
+            raise QeebmError("config key 'reward.terms' ranks candidates for qe_finetune.selection=rerank; "
+                             "selection=mbr chooses by qe_finetune.utility")
         if c.num_candidates < 1 or c.num_beams < 1:
             raise QeebmError(f"qe_finetune.num_candidates and num_beams must be at least 1; got "
                              f"{c.num_candidates} and {c.num_beams}")
@@ -79,9 +84,11 @@ class QeFinetune(Method):
         self.gen = self.selection.generation(GenerationConfig(
             num_beams=c.num_beams, max_new_tokens=c.max_new_tokens, temperature=c.temperature, top_k=c.top_k,
             top_p=c.top_p, epsilon=c.epsilon))
-        # Reranking goes through the RL baselines' scorer (tests swap in a toy one there).
-        scorer = common.build_scorer(cfg, translator.device) if c.selection == "rerank" else None
-        self.select = self.selection.selector(translator.device, scorer)
+        # Reranking scores with the reward-based methods' reward (qe.path or reward.terms, no guards);
+        # a reference-based one reads the pool's references.
+        self.reward = common.QEReward(cfg, translator, use_guards=False) if c.selection == "rerank" else None
+        self.needs_reference = self.reward is not None and self.reward.needs_reference
+        self.select = self.selection.selector(translator.device) if self.reward is None else None
         # The loop builds the method before it restores a checkpoint: the teacher starts as the initial model.
         self.teacher = Teacher(translator, c.refresh_every, name=self.name)
 
@@ -101,20 +108,29 @@ class QeFinetune(Method):
         # 2. N candidates of each source-only sentence from the teacher; the selection keeps one.
         src = mono_sources(batch)
         cands = self.teacher.candidates(src, self.gen, self.c.num_candidates)
-        choice = self.select(src, cands)
+        terms = {}
+        if self.reward is not None:
+            refs = common.mono_references(batch) if self.needs_reference else None
+            flat_src = [s for s, c in zip(src, cands) for _ in c]
+            flat_refs = [r for r, c in zip(refs, cands) for _ in c] if refs is not None else None
+            score, _, _, terms = self.reward(flat_src, [h for c in cands for h in c], flat_refs)
+            choice = choose_best(cands, score.tolist())
+        else:
+            choice = self.select(src, cands)
         enc = {k: v.to(batch.input_ids.device) for k, v in self.translator.encode(src, choice.hyps).items()}
         pseudo = Batch(src=src, tgt=choice.hyps, input_ids=enc["input_ids"], attention_mask=enc["attention_mask"],
                        labels=enc["labels"], decoder_input_ids=enc["decoder_input_ids"], global_tokens=0,
                        global_examples=batch.global_mono, step=batch.step)
-        return QeFinetuneRollout(batch=batch, pseudo=pseudo, choice=choice)
+        return QeFinetuneRollout(batch=batch, pseudo=pseudo, choice=choice, terms=terms)
 
     def finish_rollouts(self, rollouts: list[QeFinetuneRollout], gather) -> list[QeFinetuneRollout]:
         """3. The step's selected-target tokens over all micro-batches and processes."""
         local = sum(int((r.pseudo.labels != -100).sum()) for r in rollouts)
         device = rollouts[0].pseudo.labels.device
         total = int(gather(torch.tensor([local], dtype=torch.long, device=device)).sum())
+        stats = self.reward.step_means([r.terms for r in rollouts], gather) if self.reward is not None else {}
         for r in rollouts:
-            r.pseudo.global_tokens = total
+            r.pseudo.global_tokens, r.step_stats = total, stats
         return rollouts
 
     def loss(self, r: QeFinetuneRollout) -> StepOutput:
@@ -133,4 +149,4 @@ class QeFinetune(Method):
             ce, ce_nll = label_smoothed_ce(self.model, r.batch, self.label_smoothing, with_nll=True)
             terms = {"ce": self.c.alpha * ce, **terms}
             metrics |= {"qe-finetune/ce": ce.item(), "qe-finetune/nll": ce_nll.item()}
-        return StepOutput(loss=sum(terms.values()), metrics=metrics, terms=terms)
+        return StepOutput(loss=sum(terms.values()), metrics=metrics, terms=terms, values=r.step_stats)

@@ -21,7 +21,7 @@ The reward (``methods.common.QEReward``) and the sampler (``methods.sampling``) 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -47,7 +47,8 @@ class ReinforceRollout:
     ``finish_rollouts``: ``rewards``, ``advantages``, ``baselines`` [N, K], ``global_tokens`` (the
     policy's actions in the whole optimiser step: the policy gradient's normaliser) and
     ``step_stats`` (the step's reward and advantage spread, logged as they are).
-    ``global_samples``: samples in the whole optimiser step."""
+    ``global_samples``: samples in the whole optimiser step. ``terms``: each ``reward.terms`` term's
+    scores [N * K] (empty without them)."""
 
     batch: Batch
     samples: Samples
@@ -55,6 +56,7 @@ class ReinforceRollout:
     penalty: torch.Tensor
     guards: GuardResult | None
     global_samples: int
+    terms: dict[str, torch.Tensor] = field(default_factory=dict)
     rewards: torch.Tensor | None = None
     advantages: torch.Tensor | None = None
     baselines: torch.Tensor | None = None
@@ -100,11 +102,11 @@ class Reinforce(Method):
         k = self.c.sampling.num_samples
         samples = sample(self.translator, mono_sources(batch), k, self.gen)
         # 2. What the reward is made of: the QE's score and the guards' penalty.
-        scores, penalty, guards = self.reward(samples.src, samples.hyps, mono_references(batch, k))
+        scores, penalty, guards, terms = self.reward(samples.src, samples.hyps, mono_references(batch, k))
         device = samples.tokens.device
         return ReinforceRollout(batch=batch, samples=samples, scores=scores.view(-1, k).to(device),
                                 penalty=penalty.view(-1, k).to(device), guards=guards,
-                                global_samples=batch.global_mono * k)
+                                global_samples=batch.global_mono * k, terms=terms)
 
     def finish_rollouts(self, rollouts: list[ReinforceRollout], gather) -> list[ReinforceRollout]:
         """2-3. Rewards and advantages from the whole step. ``gather(t)`` concatenates a 1-d tensor
@@ -135,7 +137,8 @@ class Reinforce(Method):
         advantages = gather(torch.cat([a.flatten() for a in centred]))
         stats = {"reinforce/reward_std": every.std().item() if every.numel() > 1 else 0.0,
                  "reinforce/score_std": step_scores.std().item() if step_scores.numel() > 1 else 0.0,
-                 "reinforce/advantage_std": advantages.std().item() if advantages.numel() > 1 else 0.0}
+                 "reinforce/advantage_std": advantages.std().item() if advantages.numel() > 1 else 0.0,
+                 **self.reward.step_means([r.terms for r in rollouts], gather)}
         for r, b, a in zip(rollouts, baselines, centred):
             r.baselines, r.advantages, r.global_tokens, r.step_stats = b, a, tokens, stats
         return rollouts
