@@ -2,9 +2,10 @@
 
 Read top to bottom: ``train`` builds everything, then repeats ``train_step`` (rollouts of every
 micro-step, then the optimiser update: backward, clipping, step; PPO asks for one update per epoch
-and minibatch), logs, validates and checkpoints. The loop never looks inside a method: it hands each
-micro-batch to ``method.rollout`` (no gradient) and the rollouts to ``method.loss``, and
-backpropagates what comes back (docs/design.md: batches and loss normalisation).
+and minibatch), logs, validates and checkpoints. A preemption signal stops the run at the next
+micro-step, with the previous step's checkpoint (qeebm/preemption.py). The loop never looks inside a
+method: it hands each micro-batch to ``method.rollout`` (no gradient) and the rollouts to
+``method.loss``, and backpropagates what comes back (docs/design.md: batches and loss normalisation).
 """
 
 from __future__ import annotations
@@ -91,11 +92,11 @@ def train(cfg: Config) -> TrainResult:
         # Checked before anything is loaded; a damaged checkpoint is set aside for an older intact one.
         resume_from = ckpt.resume_checkpoint(run_dir / "checkpoints", accelerator) if newest is not None else None
         translator = Translator.load(cfg.model)
-        # A LoRA run's checkpoints hold only what trains, and record the frozen base it needs. Every
+        # An adapter run's checkpoints hold only what trains, and record the frozen base it needs. Every
         # process digests the base: each checks it before loading a checkpoint, so all stop alike.
-        base = ckpt.base_record(translator.base_name_or_path) if translator.is_lora else None
+        base = ckpt.base_record(translator.base_name_or_path) if translator.adapters_only else None
         if base is not None:
-            log.info("LoRA: checkpoints hold the trainable tensors only; frozen base %s (weights sha256 %s)",
+            log.info("adapters: checkpoints hold the trainable tensors only; frozen base %s (weights sha256 %s)",
                      base["name_or_path"], base["sha256"][:12])
         train_set, dev_set = load_data(cfg, translator)
 
@@ -184,13 +185,27 @@ def train(cfg: Config) -> TrainResult:
         start = time.time() - state.elapsed
         prepared.train()
         bar = tqdm(total=budget.max_steps, initial=state.step, disable=not (accelerator.is_main_process and cfg.logging.progress_bar))
+        dropped = None  # a step left at a micro-step by preemption
         with Preemption(cfg.output.preempt_signals) as preemption:
             if cfg.eval.at_start and dev_set is not None and state.step == 0 and not state.validations:
                 validate_and_select()
             while state.step < budget.max_steps and not stopped_early():
                 state.step += 1
+                # What a step left at a micro-step puts back; None: the method's steps run to their end.
+                undo = method.step_snapshot()
+                rng = ckpt.rng_state() if undo is not None else None
                 metrics = train_step(state.step, cfg, accelerator, translator, prepared, method, optimizer, scheduler, sampler,
-                                     train_set, mono=mono, mono_sampler=mono_sampler)
+                                     train_set, mono=mono, mono_sampler=mono_sampler,
+                                     stop=(lambda: preemption.requested(accelerator)) if undo is not None else None)
+                if metrics is None:
+                    # Left before its first update: weights, optimiser and schedule are the previous
+                    # step's, and so, once put back, are the generators and the method's state. The
+                    # step's partial gradients are dropped; the resumed run draws the same batch again.
+                    ckpt.set_rng_state(rng)
+                    method.undo_step(undo)
+                    dropped = state.step
+                    state.step -= 1
+                    break
                 count_nonfinite(state, metrics, cfg, run_dir)
                 bar.update(1)
                 bar.set_postfix(loss=f"{metrics['loss']:.4f}")
@@ -207,7 +222,8 @@ def train(cfg: Config) -> TrainResult:
         if preemption.received is not None:
             if not ckpt.step_dir(run_dir / "checkpoints", state.step).is_dir():
                 save()
-            message = (f"preempted by {preemption.received} after step {state.step} of {budget.max_steps}: checkpoint "
+            left = f" (step {dropped} was left at a micro-step and runs again on resume)" if dropped is not None else ""
+            message = (f"preempted by {preemption.received} after step {state.step} of {budget.max_steps}{left}: checkpoint "
                        f"{ckpt.step_dir(run_dir / 'checkpoints', state.step)} written; run the same command to resume")
             log.warning(message)
             if accelerator.is_main_process:
@@ -268,10 +284,15 @@ class Budget:
 
 
 def train_step(step, cfg, accelerator, translator, model, method, optimizer, scheduler, sampler, data,
-               mono=None, mono_sampler=None) -> dict[str, float]:
+               mono=None, mono_sampler=None, stop=None) -> dict[str, float] | None:
     """One step of the loop over the global batch of ``step``: rollouts, then one optimiser update
     (or, for PPO, one per epoch and minibatch). Every micro-step's loss is its contribution to the
-    update's mean, so the summed gradient is the full-batch gradient."""
+    update's mean, so the summed gradient is the full-batch gradient.
+
+    ``stop`` (collective) is asked before every micro-batch's rollout and before every micro-step of
+    the first update; when it says yes the step is left there and None returned. Nothing has been
+    applied by then: the caller puts back what the step changed besides (generators, method state).
+    After the first update is applied (PPO makes several) the step runs to its end."""
     world, accum, rank = accelerator.num_processes, cfg.optim.grad_accum, accelerator.process_index
     # ``step`` counts from 1 (steps done once it ends); the sampler's steps count from 0.
     every = sampler.global_indices(step - 1)
@@ -292,8 +313,12 @@ def train_step(step, cfg, accelerator, translator, model, method, optimizer, sch
     for key, value in method.before_step(batches, lambda t: accelerator.reduce(t, "sum")).items():
         sums[key] = sums.get(key, 0.0) + float(value)
     # 1. Rollouts of every micro-batch, without gradients: samples, scores, old log-probs.
-    with torch.no_grad():
-        rollouts = [method.rollout(batch) for batch in batches]
+    rollouts = []
+    for batch in batches:
+        if stop is not None and stop():
+            return None
+        with torch.no_grad():
+            rollouts.append(method.rollout(batch))
     # 2. What needs the whole step (baselines, advantage whitening, the KL controller): the method
     #    sees every process's rollouts through ``gather`` (concatenation over processes).
     rollouts = method.finish_rollouts(rollouts, accelerator.gather)
@@ -315,6 +340,8 @@ def train_step(step, cfg, accelerator, translator, model, method, optimizer, sch
         for part in range(minibatches):
             losses = []
             for micro, rollout in enumerate(rollouts):
+                if stop is not None and epoch == part == 0 and stop():
+                    return None
                 # Gradients are exchanged once, on the last micro-step.
                 with micro_step(accelerator, model, last=micro == accum - 1):
                     out = method.loss(method.minibatch(rollout, epoch, part))

@@ -1,4 +1,4 @@
-"""Micro-benchmarks, offline: `python scripts/bench.py --what scoring` and `--what step`.
+"""Micro-benchmarks, offline: `python scripts/bench.py --what scoring`, `--what step` and `--what preempt`.
 
 step: a few training steps of each method (sft, reinforce, ppo, qe-ebm static and dynamic) in a fresh
 process each, every phase timed (qeebm/benchmark.py: sampling, teacher-forced replay, relaxation and
@@ -26,6 +26,16 @@ padded tokens.
 Prints a markdown table. `--n-tiny` / `--n-base` set the sizes (defaults: about 2 minutes).
 On cores shared with other jobs, pass `--threads 1`: two OpenMP threads stall at every small op
 whenever the other core is busy (tiny-model numbers drop 10-20x), one thread does not.
+
+preempt: how long a preempted run takes from the signal to its checkpoint in place, the time a
+launcher's grace must cover (recipes/README.md, "Preemption"). SFT on the tiny world (its nllb-base,
+--preempt-accum micro-steps a step), full fine-tuning and LoRA, each in a fresh process: SIGTERM is
+raised in the middle of step 3's first micro-step and the loop stops at the next one; timed from the
+signal to the loop's stop and to ``checkpoint.save_checkpoint``'s return, median of --preempt-runs
+runs. Then ``save_checkpoint`` itself on a model of --save-params fp32 parameters with its AdamW
+moments (what a checkpoint holds: weights and two moments, 12 bytes a trained parameter): its bytes
+per second here, and at that rate the estimate for mBART-50's checkpoints (LoRA's 2,359,296 adapter
+values; full fine-tuning's 610,879,488 parameters).
 """
 
 from __future__ import annotations
@@ -271,7 +281,8 @@ def step_overrides(name: str, world: Path, run_dir: Path, args, translator: Path
     from qeebm.demo import run_overrides
 
     b = {"steps": args.steps + 1, "batch_size": args.step_batch, "every": 0, "patience": 0, "eval_examples": 8}
-    out = run_overrides(name, world, run_dir, b, seed=42) + ["output.save_every=0", "eval.max_examples=4"]
+    out = run_overrides(name, world, run_dir, b, seed=42, start=world / "nllb-base") + ["output.save_every=0",
+                                                                                       "eval.max_examples=4"]
     if name in SAMPLING_SECTION:
         section = SAMPLING_SECTION[name]
         out += [f"{section}.sampling.num_samples={args.samples}", f"{section}.sampling.max_new_tokens={args.new_tokens}"]
@@ -377,7 +388,148 @@ def bench_table(args) -> None:
         print_step_table([(r["label"], r) for r in records if r["matmul_flops_per_s"] == rate], rate)
 
 
-BENCHMARKS = {"scoring": bench_scoring, "step": bench_step, "table": bench_table, "gemm": bench_gemm}
+# mBART-50 (mbart-large-50) at its published shape: every parameter, and LoRA's adapters as the
+# recipes configure them (r 16 on q_proj and v_proj: 72 matrices x 16 x (1024 + 1024)).
+MBART50_PARAMS, MBART50_LORA = 610_879_488, 2_359_296
+CHECKPOINT_BYTES_PER_TRAINED = 12  # fp32 weight and AdamW's two moments
+
+
+def preempt_overrides(world: Path, accum: int, lora: bool) -> list[str]:
+    """tiny_sft.yaml's overrides for ``preempt_worker``: the tiny world's SFT from its base, batch 16 as
+    ``accum`` micro-steps, no validation and no checkpoint but the preemption's."""
+    out = step_overrides("sft", world, Path("unused"), argparse.Namespace(steps=8, step_batch=16, samples=5, new_tokens=50))
+    return [o for o in out if not o.startswith("output.run_dir=")] + [
+        f"optim.grad_accum={accum}", "eval.at_start=false", "eval.every=0", "output.save_every=0",
+        f"model.lora.enabled={str(lora).lower()}"]
+
+
+def preempt_worker(overrides: list[str], threads: int, signal_at: int, runs: int, root: str) -> dict:
+    """In this (fresh) process, ``runs`` times: train until SIGTERM, raised in the middle of micro-step
+    ``signal_at`` of the run (counted by backward passes), stops it. Returns the medians of the times
+    from the signal to the loop's stop and to the checkpoint in place, the checkpoint's bytes and the
+    mean time of a whole step before the signal."""
+    import contextlib
+    import io
+    import logging
+    import signal
+    import statistics
+
+    torch.set_num_threads(threads)
+    logging.disable(logging.WARNING)  # the preemption's own lines, once per run, would split the table
+    import qeebm.loop
+    from qeebm import checkpoint as ckpt
+    from qeebm.config import load_config
+    from qeebm.demo import CONFIGS
+
+    real_backward, real_save, real_step = qeebm.loop.backward, ckpt.save_checkpoint, qeebm.loop.train_step
+    marks: dict = {}
+
+    def backward(accelerator, loss):
+        marks["micro"] += 1
+        if marks["micro"] == signal_at:
+            marks["signal"] = time.perf_counter()
+            signal.raise_signal(signal.SIGTERM)
+        real_backward(accelerator, loss)
+
+    def save_checkpoint(*args, **kwargs):
+        marks["stop"] = time.perf_counter()
+        where = real_save(*args, **kwargs)
+        marks["saved"] = time.perf_counter()
+        marks["bytes"] = sum(p.stat().st_size for p in where.iterdir())
+        return where
+
+    def train_step(*args, **kwargs):
+        start = time.perf_counter()
+        out = real_step(*args, **kwargs)
+        if out is not None:
+            marks["steps"].append(time.perf_counter() - start)
+        return out
+
+    qeebm.loop.backward, ckpt.save_checkpoint, qeebm.loop.train_step = backward, save_checkpoint, train_step
+    records = []
+    try:
+        for i in range(runs):
+            marks.update(micro=0, steps=[])
+            with contextlib.redirect_stdout(io.StringIO()):
+                result = qeebm.loop.train(load_config(CONFIGS / "tiny_sft.yaml", [*overrides, f"output.run_dir={root}/{i}"]))
+            assert result.preempted, "the signal did not stop the run"
+            records.append({"stopped_after": result.step, "to_stop": marks["stop"] - marks["signal"],
+                            "save": marks["saved"] - marks["stop"], "total": marks["saved"] - marks["signal"],
+                            "bytes": marks["bytes"], "step": statistics.mean(marks["steps"][1:] or marks["steps"])})
+    finally:
+        qeebm.loop.backward, ckpt.save_checkpoint, qeebm.loop.train_step = real_backward, real_save, real_step
+        logging.disable(logging.NOTSET)
+    return {k: statistics.median(r[k] for r in records) for k in records[0]}
+
+
+def save_rate(params: int, root: Path) -> tuple[int, float, float]:
+    """Bytes and seconds of ``checkpoint.save_checkpoint`` (write, digests, rename) for a model of
+    ``params`` fp32 parameters with AdamW moments, in this process; and the seconds of the digests
+    alone, taken again on the files it wrote."""
+    from qeebm.integrity import seal
+    from accelerate import Accelerator
+
+    from qeebm import checkpoint as ckpt
+
+    width = 4096
+    model = torch.nn.Sequential(*[torch.nn.Linear(width, width, bias=False) for _ in range(max(1, params // width**2))])
+    optimizer = torch.optim.AdamW(model.parameters())
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    optimizer.step()  # the moments exist, as in any checkpoint after step 1
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+    start = time.perf_counter()
+    where = ckpt.save_checkpoint(root, 1, model=model, optimizer=optimizer, scheduler=scheduler, state={"step": 1},
+                                 accelerator=Accelerator(cpu=True), keep_last=1)
+    seconds = time.perf_counter() - start
+    names = [p.name for p in where.iterdir() if p.name != ckpt.STATE]
+    start = time.perf_counter()
+    seal({}, where, names)
+    return sum(p.stat().st_size for p in where.iterdir()), seconds, time.perf_counter() - start
+
+
+def bench_preempt(args) -> None:
+    import multiprocessing
+    import shutil
+    from concurrent.futures import ProcessPoolExecutor
+
+    from qeebm.tinyworld.build import build, is_built
+
+    world = Path(args.world)
+    if not is_built(world):
+        build(world)
+    accum = args.preempt_accum
+    print(f"torch {torch.__version__}, {args.threads} thread(s), load average {os.getloadavg()[0]:.1f}; SFT on the tiny "
+          f"world's nllb-base, batch 16 as {accum} micro-steps; SIGTERM in step 3's first micro-step; median of "
+          f"{args.preempt_runs} runs\n")
+    print("| case | stopped after step | step s | signal -> stop s | save s | signal -> checkpoint s | checkpoint MB |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    tmp = Path(tempfile.mkdtemp(prefix="qeebm-preempt-"))
+    ctx = multiprocessing.get_context("spawn")
+    try:
+        for label, lora in (("full fine-tuning", False), ("LoRA (r 16, q_proj and v_proj)", True)):
+            with ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
+                r = pool.submit(preempt_worker, preempt_overrides(world, accum, lora), args.threads, 2 * accum + 1,
+                                args.preempt_runs, str(tmp / ("lora" if lora else "full"))).result()
+            print(f"| {label} | {r['stopped_after']:.0f} | {r['step']:.3f} | {r['to_stop']:.3f} | {r['save']:.3f} | "
+                  f"{r['total']:.3f} | {r['bytes'] / 1e6:.2f} |", flush=True)
+        size, seconds, digest = save_rate(args.save_params, tmp / "rate")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    rate = size / seconds
+    print(f"\nsave_checkpoint of {size / 1e9:.2f} GB ({args.save_params:,} fp32 parameters with AdamW moments): "
+          f"{seconds:.2f} s, {rate / 1e9:.2f} GB/s here (write, sha256 of every file, rename; the sha256 alone, "
+          f"of the files as written: {digest:.2f} s)")
+    print("mBART-50 at that rate (assumption: the save takes its bytes / the rate above; on a GPU add the copy of "
+          "the tensors to host memory, and before the save the rest of the micro-step the signal arrived in):")
+    for label, trained in (("LoRA SFT", MBART50_LORA), ("full fine-tuning", MBART50_PARAMS)):
+        nbytes = CHECKPOINT_BYTES_PER_TRAINED * trained
+        print(f"  {label}: {trained:,} trained parameters x {CHECKPOINT_BYTES_PER_TRAINED} bytes = "
+              f"{nbytes / 1e9:.3f} GB -> {nbytes / rate:.2f} s")
+
+
+BENCHMARKS = {"scoring": bench_scoring, "step": bench_step, "table": bench_table, "gemm": bench_gemm,
+              "preempt": bench_preempt}
 
 
 def main(argv=None) -> None:
@@ -406,8 +558,15 @@ def main(argv=None) -> None:
     step.add_argument("--samples", type=int, default=5, help="real size: samples per source")
     step.add_argument("--new-tokens", type=int, default=24, help="real size: sampled tokens at most")
     step.add_argument("--json", help="append each case's summary to this JSON-lines file as it ends")
+    preempt = parser.add_argument_group("--what preempt (and --world, --threads)")
+    preempt.add_argument("--preempt-accum", type=int, default=4, help="micro-steps a step (default: %(default)s, "
+                         "the published one-GPU split of 16)")
+    preempt.add_argument("--preempt-runs", type=int, default=3, help="preempted runs per case, the median reported")
+    preempt.add_argument("--save-params", type=int, default=4 * 4096**2,
+                         help="parameters of the model whose checkpoint measures the save rate (default %(default)s: "
+                         "0.81 GB written with its AdamW moments)")
     args = parser.parse_args(argv)
-    if args.what == "step":
+    if args.what in ("step", "preempt"):
         args.threads = args.threads or 1
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -1,8 +1,8 @@
 """Faults a long run meets: a non-finite loss (skipped, counted, logged; too many in a row stop the
 run), a checkpoint file that would run code when loaded (refused), a damaged checkpoint or model
 directory (named; resume falls back to the newest intact checkpoint, exactly), and preemption by a
-signal (checkpoint, exit 0, exact resume; in one process with SIGTERM, and a real two-process gloo
-run with SIGUSR1)."""
+signal (at the next micro-step: checkpoint, exit 0, exact resume; in one process with SIGTERM, and
+a real two-process gloo run with SIGUSR1)."""
 
 from __future__ import annotations
 
@@ -201,41 +201,139 @@ def _signal_workers(job: subprocess.Popen, metrics: Path, after: int, sig: int) 
         worker.send_signal(sig)
 
 
-def test_sigterm_stops_after_the_step_and_the_same_command_resumes_exactly(world, tmp_path, monkeypatch, capsys):
-    """One process, SIGTERM raised inside step 3: the step completes, a checkpoint is written, the
-    run returns (the CLI then exits 0); running the same config again ends as an uninterrupted run."""
+def signal_in_backward(monkeypatch, n: int, sig: int = signal.SIGTERM) -> list[int]:
+    """Raise ``sig`` in the middle of the loop's ``n``-th micro-step of the run (counted from 1, by
+    its backward pass); the returned list numbers every micro-step that ran."""
     import qeebm.loop
 
-    real_step = qeebm.loop.train_step
+    real = qeebm.loop.backward
+    ran: list[int] = []
 
-    def step_with_signal(step, *args, **kwargs):
-        if step == 3:
-            signal.raise_signal(signal.SIGTERM)  # arrives in the middle of the step
-        return real_step(step, *args, **kwargs)
+    def backward(accelerator, loss):
+        ran.append(len(ran) + 1)
+        if len(ran) == n:
+            signal.raise_signal(sig)
+        real(accelerator, loss)
 
-    common = ["optim.max_steps=6", "model.dropout=null", "optim.scheduler=linear", "optim.warmup_steps=2"]
+    monkeypatch.setattr(qeebm.loop, "backward", backward)
+    return ran
+
+
+def assert_same_end(straight: Path, resumed: Path, step: int, names=("model.pt", "optimizer.pt", "scheduler.pt")) -> None:
+    assert [r["step"] for r in read_metrics(resumed)] == list(range(1, step + 1))
+    assert [r["loss"] for r in read_metrics(resumed)] == [r["loss"] for r in read_metrics(straight)]
+    for name in names:
+        assert_identical(ckpt.load_file(ckpt.step_dir(straight / "checkpoints", step) / name),
+                         ckpt.load_file(ckpt.step_dir(resumed / "checkpoints", step) / name), name)
+
+
+LORA = ["model.lora.enabled=true", "model.lora.r=4", "model.lora.dropout=0.1"]
+
+
+@pytest.mark.parametrize("adapters", [False, True], ids=["full", "lora"])
+@pytest.mark.parametrize("micro, stopped", [(2, 2), (4, 3)], ids=["mid-step", "last-micro-step"])
+def test_a_signal_stops_the_run_at_the_next_micro_step_and_the_same_command_resumes_exactly(
+        world, tmp_path, monkeypatch, capsys, adapters, micro, stopped):
+    """One process, 4 micro-steps a step, SIGTERM in the middle of step 3's micro-step ``micro``: no
+    micro-step starts after it. Signalled before the last one, step 3 is dropped (its partial
+    gradients with it) and the checkpoint is step 2's; in the last one, the step completes and is
+    checkpointed. A LoRA run's checkpoint holds only its adapters. The same config then ends as an
+    uninterrupted run, bit for bit (dropout on: the generators are put back too)."""
+    import qeebm.loop
+
+    common = ["optim.grad_accum=4", "optim.max_steps=6", "model.dropout=null", "optim.scheduler=linear",
+              "optim.warmup_steps=2", *(LORA if adapters else [])]
     train(make_config(world["base"], tmp_path / "straight", *common))
     before = signal.getsignal(signal.SIGTERM)
-    monkeypatch.setattr(qeebm.loop, "train_step", step_with_signal)
+    real = qeebm.loop.backward
+    ran = signal_in_backward(monkeypatch, 2 * 4 + micro)
     cfg = make_config(world["base"], tmp_path / "run", *common)
     result = train(cfg)
-    assert result.preempted and result.step == 3
+    assert result.preempted and result.step == stopped
+    assert ran == list(range(1, 2 * 4 + micro + 1))  # the signalled micro-step finished; none began after it
     assert signal.getsignal(signal.SIGTERM) == before  # the handler is gone with the run
-    assert f"preempted by SIGTERM after step 3 of 6: checkpoint {ckpt.step_dir(tmp_path / 'run' / 'checkpoints', 3)}" \
+    root = tmp_path / "run" / "checkpoints"
+    assert ckpt.latest_checkpoint(root) == ckpt.step_dir(root, stopped)
+    left = " (step 3 was left at a micro-step and runs again on resume)" if stopped == 2 else ""
+    assert f"preempted by SIGTERM after step {stopped} of 6{left}: checkpoint {ckpt.step_dir(root, stopped)} written" \
         in capsys.readouterr().out
-    monkeypatch.setattr(qeebm.loop, "train_step", real_step)
+    saved = ckpt.load_file(ckpt.step_dir(root, stopped) / "model.pt")
+    assert (ckpt.step_dir(root, stopped) / ckpt.BASE).is_file() == adapters
+    assert all("lora_" in k for k in saved) == adapters
+    monkeypatch.setattr(qeebm.loop, "backward", real)
     assert train(cfg).step == 6
-    assert [r["loss"] for r in read_metrics(tmp_path / "run")] == [r["loss"] for r in read_metrics(tmp_path / "straight")]
-    for name in ("model.pt", "optimizer.pt", "scheduler.pt"):
-        assert_identical(ckpt.load_file(ckpt.step_dir(tmp_path / "straight" / "checkpoints", 6) / name),
-                         ckpt.load_file(ckpt.step_dir(tmp_path / "run" / "checkpoints", 6) / name), name)
+    assert f"resuming from {ckpt.step_dir(root, stopped)}" in (tmp_path / "run" / "train.log").read_text()
+    assert_same_end(tmp_path / "straight", tmp_path / "run", 6)
+
+
+def test_a_signal_in_the_first_step_leaves_a_step_0_checkpoint_that_resumes_exactly(world, tmp_path, monkeypatch):
+    import qeebm.loop
+
+    common = ["optim.grad_accum=2", "optim.max_steps=2", "model.dropout=null"]
+    train(make_config(world["base"], tmp_path / "straight", *common))
+    real = qeebm.loop.backward
+    signal_in_backward(monkeypatch, 1)
+    cfg = make_config(world["base"], tmp_path / "run", *common)
+    assert train(cfg).step == 0
+    assert ckpt.latest_checkpoint(tmp_path / "run" / "checkpoints").name == "step-0000000"
+    monkeypatch.setattr(qeebm.loop, "backward", real)
+    assert train(cfg).step == 2
+    assert_same_end(tmp_path / "straight", tmp_path / "run", 2)
+
+
+def stateful(world, method: str) -> list[str]:
+    """A method whose own state changes within a step, two micro-steps a step."""
+    sampled = [f"data.mono.path={world['mono']}", f"qe.path={world['kiwi']}", "optim.grad_accum=2", "model.dropout=null"]
+    return {
+        # the running mean moves in finish_rollouts, before the micro-steps
+        "reinforce": ["method=reinforce", "reinforce.baseline=running_mean", "reinforce.sampling.num_samples=2",
+                      "reinforce.sampling.max_new_tokens=8", *sampled],
+        # the KL controller moves in finish_rollouts; 2 epochs x 2 minibatches = 4 updates a step
+        "ppo": ["method=ppo", "ppo.minibatches=2", "ppo.sampling.max_new_tokens=8", *sampled],
+        # loo-cv's weight adds each micro-step's sums in loss
+        "qe-ebm": ["method=qe-ebm", "qe_ebm.estimator=loo-cv", "qe_ebm.alpha=1.0", "qe_ebm.beta_max=1.0",
+                   "qe_ebm.beta_ramp_steps=0", "qe_ebm.sampling.num_samples=2", "qe_ebm.sampling.max_new_tokens=8", *sampled],
+        # the teacher is refreshed at step 3 before the micro-steps, and left so by the undo
+        "dpo": ["method=dpo", "preference.refresh_every=2", "preference.num_candidates=3", "preference.max_new_tokens=8",
+                "preference.guards=false", "optim.lr=0.05", *sampled],
+        # QE-dynamic's QE takes its update before the micro-steps: its steps run to their end
+        "qe-dynamic": ["method=qe-ebm", "qe.mode=dynamic", "qe.warmup_steps=1", "qe_ebm.sampling.num_samples=2",
+                       "qe_ebm.sampling.max_new_tokens=8", *sampled],
+    }[method]
+
+
+@pytest.mark.parametrize("method, micro, stopped", [
+    ("reinforce", 1, 2),
+    ("qe-ebm", 1, 2),
+    ("ppo", 1, 2),  # in the step's first update
+    ("ppo", 3, 3),  # in its second: the first was applied, so the step runs to its end
+    ("dpo", 1, 2),
+    ("qe-dynamic", 1, 3),
+])
+def test_a_step_left_at_a_micro_step_leaves_no_trace_of_its_method_state(world, tmp_path, monkeypatch, method, micro,
+                                                                         stopped):
+    """SIGTERM in step 3's micro-step ``micro`` (counted over the step's updates) of a method whose own
+    state moves within the step: the run stops at ``stopped``, and resumed it ends as an
+    uninterrupted run, the method's state (``method.pt``) included."""
+    import qeebm.loop
+
+    per_step = 8 if method == "ppo" else 2
+    common = [*stateful(world, method), "optim.max_steps=4", "output.keep_last=0"]
+    train(make_config(world["base"], tmp_path / "straight", *common))
+    real = qeebm.loop.backward
+    signal_in_backward(monkeypatch, 2 * per_step + micro)
+    cfg = make_config(world["base"], tmp_path / "run", *common)
+    assert train(cfg).step == stopped
+    monkeypatch.setattr(qeebm.loop, "backward", real)
+    assert train(cfg).step == 4
+    assert_same_end(tmp_path / "straight", tmp_path / "run", 4, ("model.pt", "optimizer.pt", "scheduler.pt", "method.pt"))
 
 
 @pytest.mark.slow
 def test_preempted_two_process_run_resumes_exactly(world, tmp_path):
     """A running two-process job gets SIGUSR1 on every worker (what SLURM does to a job's tasks;
-    torchrun starts each worker in a session of its own): the processes agree, finish the step, write
-    a checkpoint and exit 0, and so does the launcher; the same command resumes, and the final
+    torchrun starts each worker in a session of its own): the processes agree on the micro-step to
+    stop at (the signals may reach them at different ones), write a checkpoint and exit 0, and so does the launcher; the same command resumes, and the final
     weights equal an uninterrupted run's."""
     # Dropout on and a linear schedule: the resumed run must restore RNG states and schedule too.
     args = ["optim.max_steps=20", "optim.grad_accum=2", "model.dropout=null", "optim.scheduler=linear",
@@ -263,6 +361,31 @@ def test_preempted_two_process_run_resumes_exactly(world, tmp_path):
     for name in ("model.pt", "optimizer.pt", "scheduler.pt"):
         assert_identical(ckpt.load_file(ckpt.step_dir(tmp_path / "straight" / "checkpoints", 20) / name),
                          ckpt.load_file(ckpt.step_dir(run / "checkpoints", 20) / name), name)
+
+
+@pytest.mark.slow
+def test_two_processes_leave_the_step_together_when_one_of_them_is_signalled(world, tmp_path, monkeypatch):
+    """Only process 1 gets SIGUSR1, in the middle of step 3's first micro-step: both processes agree
+    before the second, leave step 3, write step 2's checkpoint together and exit 0; resumed, the run
+    ends as an uninterrupted one."""
+    args = ["optim.max_steps=4", "optim.grad_accum=2", "model.dropout=null", "optim.scheduler=linear",
+            "optim.warmup_steps=2", "logging.every=1"]
+    straight = launch_two(world["base"], tmp_path / "straight", *args)
+    run = tmp_path / "preempted"
+    monkeypatch.setenv("QEEBM_TEST_SIGNAL", "1:5")  # ddp_parity.signal_one_process: 2 micro-steps a step
+    job = launch_two(world["base"], run, *args)
+    monkeypatch.delenv("QEEBM_TEST_SIGNAL")
+    out = finish(job, 120)
+    assert job.returncode == 0, out[-3000:]
+    assert "preempted by a signal to another process after step 2 of 4 (step 3 was left at a micro-step" in out, out[-3000:]
+    last = ckpt.step_dir(run / "checkpoints", 2)
+    assert ckpt.latest_checkpoint(run / "checkpoints") == last
+    assert {p.name for p in last.glob("rng-*.pt")} == {"rng-0.pt", "rng-1.pt"}
+    resumed = launch_two(world["base"], run, *args)
+    for proc in (resumed, straight):
+        out = finish(proc, 180)
+        assert proc.returncode == 0, out[-3000:]
+    assert_same_end(tmp_path / "straight", run, 4)
 
 
 # ----------------------------------------------------------------------------------------------

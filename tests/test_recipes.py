@@ -585,6 +585,84 @@ def test_sigusr1_to_the_recipe_reaches_both_training_processes(micro_world, tmp_
 
 
 # ----------------------------------------------------------------------------------------------
+# The documented commands
+
+DOCUMENTED = [REPO / "recipes" / "README.md", REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+# The docs' placeholders, each replaced by a value it stands for.
+PLACEHOLDERS = {"N": "2", "R": "0", "S": "42", "CODE": "kat_Geor", "DIR": "data/tinyworld",
+                "FILE": "recipes/accelerate/single_gpu.yaml"}
+
+
+def fenced_lines(text: str) -> list[str]:
+    """Every line of the ```bash blocks of ``text``, continuation lines joined."""
+    blocks = re.findall(r"```bash\n(.*?)```", text, re.S)
+    return [line.strip() for block in blocks for line in re.sub(r"\\\n\s*", " ", block).splitlines()]
+
+
+def documented_commands(path: Path) -> list[str]:
+    """The recipe commands a reader can copy from ``path``: in its ```bash blocks, and in `...` spans
+    that start as one does (`bash recipes/...`, `python recipes/...`, `accelerate launch ...`)."""
+    text = path.read_text(encoding="utf-8")
+    found = [part for line in fenced_lines(text) for part in re.split(r"&&|;", line)]
+    found += re.findall(r"`((?:bash|python|accelerate launch) [^`]*)`", text)
+    return [c.strip() for c in found if re.search(r"recipes/[\w.-]+\.sh", c.split("#")[0])]
+
+
+def check_recipe_command(command: str) -> None:
+    import shlex
+
+    from accelerate.commands.launch import launch_command_parser
+
+    from qeebm.pairs import GENERIC, any_pair
+
+    tokens = [PLACEHOLDERS.get(t, t) for t in shlex.split(command.replace("[", "").replace("]", ""), comments=True)
+              if t not in ("...", "&")]
+    at = next(i for i, t in enumerate(tokens) if re.fullmatch(r"recipes/[\w.-]+\.sh", t))
+    launcher, script, args = tokens[:at], tokens[at], tokens[at + 1:]
+    assert (REPO / script).is_file(), f"no {script}"
+    if launcher[:2] == ["accelerate", "launch"]:
+        launch = launch_command_parser().parse_args([*launcher[2:], script])
+        assert launch.config_file is None or (REPO / launch.config_file).is_file(), f"no {launch.config_file}"
+    else:
+        assert launcher in (["bash"], ["python"]), f"launched by {launcher}"
+    name = Path(script).stem
+    if name == "recipe":
+        name, args = args[0], args[1:]
+    parsed = parse_args(args, any_pair if name == GENERIC else PAIRS[name], name)
+    assert parsed.accelerate_config is None or (REPO / parsed.accelerate_config).is_file(), \
+        f"no {parsed.accelerate_config}"
+
+
+@pytest.mark.parametrize("doc", DOCUMENTED, ids=lambda p: str(p.relative_to(REPO)))
+def test_every_documented_recipe_command_names_a_recipe_and_options_it_takes(doc, capsys):
+    """Each recipe command in the docs, as written (placeholders filled in): the recipe exists, the
+    launcher's and the recipe's options parse, and the config files named exist in the checkout."""
+    failed = []
+    for command in documented_commands(doc):
+        try:
+            check_recipe_command(command)
+        except (AssertionError, KeyError, StopIteration, SystemExit) as err:
+            failed.append(f"{command}: {type(err).__name__} {err} {capsys.readouterr().err.strip()[-300:]}")
+    assert not failed, "\n".join(failed)
+
+
+def test_the_walkthrough_activates_the_venv_before_its_bare_commands_and_they_parse():
+    """recipes/README.md's fenced commands that call the venv's programs without a path (accelerate,
+    qeebm, hf, python) come after `source .venv/bin/activate`, and its qeebm commands parse."""
+    from qeebm.cli import build_parser
+
+    lines = fenced_lines((RECIPES / "README.md").read_text(encoding="utf-8"))
+    activated = next(i for i, line in enumerate(lines) if "source .venv/bin/activate" in line)
+    for i, line in enumerate(lines):
+        for part in re.split(r"&&|;", line.split("#")[0]):
+            words = part.split()
+            if words and words[0] in ("accelerate", "qeebm", "hf", "python"):
+                assert i > activated or (i == activated and "source" not in part), f"before the venv is active: {line}"
+            if words and words[0] == "qeebm":
+                build_parser().parse_args([PLACEHOLDERS.get(w, w) for w in words[1:]])
+
+
+# ----------------------------------------------------------------------------------------------
 # Config files
 
 

@@ -4,6 +4,7 @@ contract between them (``Method``): every hook has a default, and the loop calls
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -69,8 +70,9 @@ class StepOutput:
 
 class Method(Protocol):
     """What the loop calls, in this order, for every optimiser step; a method subclasses this and
-    overrides what it needs (``rollout`` and ``loss`` always). Every default here does nothing, so
-    the loop calls every hook unconditionally and a misspelled override is the only way to skip one.
+    overrides what it needs (``rollout`` and ``loss`` always). Every default here does nothing (but
+    ``step_snapshot``, which copies the state), so the loop calls every hook unconditionally and a
+    misspelled override is the only way to skip one.
 
     Built as ``METHODS[cfg.method](cfg, translator, model)`` after ``check_config`` passed:
     ``model`` calls the accelerate-prepared module (possibly DDP- or DeepSpeed-wrapped), for forward
@@ -138,3 +140,16 @@ class Method(Protocol):
 
     def load_state_dict(self, state: dict) -> None:
         """Restore what ``state_dict`` returned."""
+
+    def step_snapshot(self) -> Any:
+        """Taken before every step: what ``undo_step`` needs to put ``state_dict`` back as the step
+        found it. A preemption signal can stop a step at a micro-step, before its first optimiser
+        update; the checkpoint is then the previous step's, and whatever the step's hooks changed
+        (``before_step``, ``finish_rollouts``, ``loss``) must not reach it. The default copies the
+        whole state, which is small for most methods. None: putting the state back would need a copy
+        too large to take every step, and such a method's steps run to their end."""
+        return copy.deepcopy(self.state_dict())
+
+    def undo_step(self, snapshot: Any) -> None:
+        """Put the state back as ``step_snapshot`` found it (the step was left before any update)."""
+        self.load_state_dict(snapshot)

@@ -221,6 +221,15 @@ class Preference(Method):
         self.teacher.load_state_dict(state)
         self.totals = {k: int(v) for k, v in state["totals"].items()}
 
+    # The teacher is left out of the snapshot: a refresh copies the translator as the previous step
+    # left it, which a step left before its update did not change, so the resumed step's refresh
+    # gives the same teacher again; copying it before every step would cost a model's weights.
+    def step_snapshot(self) -> dict:
+        return {"totals": dict(self.totals)}
+
+    def undo_step(self, snapshot: dict) -> None:
+        self.totals = dict(snapshot["totals"])
+
     def before_step(self, batches: list[Batch], all_reduce) -> dict[str, float]:
         """1. The teacher becomes the translator as it is after ``step - 1`` updates, when due."""
         self.teacher.before_step(batches[0].step)

@@ -414,6 +414,11 @@ class QeEbm(Method):
             state["cv_weight"] = self.cv.state_dict()
         return (state | self.dynamic_qe.state_dict()) if self.dynamic else state
 
+    def step_snapshot(self):
+        # QE-dynamic's step starts with the QE's own update: putting it back would copy the QE and
+        # its optimiser at every step, so its steps run to their end.
+        return None if self.dynamic else super().step_snapshot()
+
     def load_state_dict(self, state: dict) -> None:
         self.grad_ratio, self.ratio_step = state.get("grad_ratio"), state.get("ratio_step", 0)
         if self.cv is not None and "cv_weight" in state:

@@ -98,6 +98,13 @@ class QeFinetune(Method):
     def load_state_dict(self, state: dict) -> None:
         self.teacher.load_state_dict(state)
 
+    # Nothing to put back: the teacher's refresh is redone alike by the resumed step (as Preference's).
+    def step_snapshot(self) -> dict:
+        return {}
+
+    def undo_step(self, snapshot: dict) -> None:
+        pass
+
     def before_step(self, batches: list[Batch], all_reduce) -> dict[str, float]:
         """1. The teacher becomes the translator as it is after ``step - 1`` updates, when due."""
         self.teacher.before_step(batches[0].step)
