@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, Optional, Union
 
-from qeebm import resources
+from qeebm import disk, resources
 from qeebm.config import EXTRA_SYSTEMS, SEEDS, SYSTEMS, Config, data_path_overrides, flat_dict, load_config, to_dict
 from qeebm.data_prep import HubCorpus, is_prepared
 from qeebm.entry import setup_process
@@ -548,6 +548,28 @@ def _yaml_value(value) -> str:
     return yaml.safe_dump(value, default_flow_style=True, allow_unicode=True).strip().removesuffix("...").strip()
 
 
+def plan_disk(plan: Plan) -> list[Optional[disk.RunDisk]]:
+    """Each run's disk (None where its translator's architecture is not known offline); the
+    translator is counted once per model setting."""
+    counted: dict[str, Optional[disk.Counts]] = {}
+    out = []
+    for run in plan.runs:
+        key = repr(run.cfg.model)
+        if key not in counted:
+            counted[key] = disk.translator_counts(run.cfg.model)
+        counts = counted[key]
+        out.append(None if counts is None else disk.run_disk(run.cfg, counts))
+    return out
+
+
+def format_disk(d: Optional[disk.RunDisk]) -> str:
+    if d is None:
+        return "not known offline (the translator's config.json is neither local nor cached)"
+    text = (f"{disk.size(d.model_bytes)} in {d.model_dirs} model directories, {d.checkpoints} checkpoint(s) of "
+            f"{disk.size(d.checkpoint_bytes)}: {disk.size(d.total)}")
+    return f"{text} ({d.note})" if d.note else text
+
+
 def format_plan(plan: Plan) -> str:
     r, choice = plan.recipe, MODELS[plan.model]
     lines = [f"recipe {r.name}: {r.src_lang} -> {r.tgt_lang}, model {plan.model} ({choice.hub_id}), "
@@ -563,6 +585,7 @@ def format_plan(plan: Plan) -> str:
     else:
         lines.append(f"1. data: the tiny world's files in {plan.data_dir}")
     diffs = [config_diff(run.cfg, run.overrides) for run in plan.runs]
+    disks = plan_disk(plan)
     shared = {k: v for k, v in diffs[0].items() if all(d.get(k) == v for d in diffs[1:])}
     lines += ["", "2. training; settings shared by every run (differences from qeebm/config.py's defaults):"]
     lines += [f"     {k}: {_yaml_value(v)}" for k, v in shared.items()]
@@ -573,6 +596,7 @@ def format_plan(plan: Plan) -> str:
         lines += [f"       {k}: {_yaml_value(v)}" for k, v in diff.items() if k not in shared]
         lines.append(f"       same run alone: accelerate launch -m qeebm.cli train --config {rel} "
                      + " ".join(shlex.quote(o) for o in run.overrides))
+        lines.append(f"       disk: {format_disk(disks[i - 1])}")
     metrics = " ".join(f"{k}={v}" for k, v in plan.metrics.items())
     g = plan.runs[0].cfg.generation
     tiny = f" --tinyworld {shlex.quote(str(plan.tiny))}" if plan.tiny is not None else ""
@@ -586,6 +610,11 @@ def format_plan(plan: Plan) -> str:
                   f"   qeebm evaluate --run RUN_DIR{tiny} --beams {g.num_beams} --max-new-tokens {g.max_new_tokens} "
                   f"--batch-size {g.batch_size} --rerank {shlex.quote(plan.metrics['kiwi'])} --candidates {plan.rerank} "
                   "--system SYSTEM+rerank   -> RUN_DIR/eval/test-rerank.json"]
+    known = [d for d in disks if d is not None]
+    models, ckpts = sum(d.model_bytes for d in known), sum(d.checkpoints * d.checkpoint_bytes for d in known)
+    lines += ["", f"disk, computed from the plan (fp32, qeebm/disk.py): {disk.size(models)} of model directories "
+              f"and {disk.size(ckpts)} of checkpoints for {len(known)} of {len(disks)} runs under {plan.out}, "
+              "besides the data and the Hugging Face cache"]
     lines += ["",
               "4. comparison:", "   python scripts/compare.py " + " ".join(shlex.quote(a) for a in plan.compare_args())]
     return "\n".join(lines) + "\n"

@@ -127,3 +127,8 @@ def make_tiny_translator_dir(tmp_path: Path, family: str, seed: int = 0) -> Path
     if not dst.exists():
         shutil.copytree(tiny_translator_dir(family, seed), dst)
     return dst
+
+
+def no_backoff(seconds: float) -> None:
+    """Stands in for time.sleep where a failure must come at once: a retry loop's back-off fails the test."""
+    raise AssertionError(f"slept {seconds} s: the failure was retried instead of reported")

@@ -302,3 +302,40 @@ def test_rng_state_round_trips_through_a_file(tmp_path):
     ckpt.set_rng_state(torch.load(tmp_path / "rng.pt", weights_only=True))
     random.random(), np.random.normal(), torch.rand(3)
     assert after[0] == random.random() and torch.equal(after[1], torch.rand(1))
+
+
+def test_the_disk_a_dry_run_computes_for_mbart50_is_counted_by_hand():
+    from qeebm.config import LoraConfig, ModelConfig
+    from qeebm.disk import translator_counts
+
+    full = translator_counts(ModelConfig(name_or_path="facebook/mbart-large-50"))
+    lora = translator_counts(ModelConfig(name_or_path="facebook/mbart-large-50", lora=LoraConfig(enabled=True)))
+    # Embeddings 250,054 x 1024 (shared, tied to the head), positions 2 x 1026 x 1024; per encoder layer
+    # 4 attention projections and 2 feed-forward matrices with biases, 2 layer norms; per decoder layer
+    # 8 attention projections; 4 final layer norms; final_logits_bias 250,054.
+    d, f, v = 1024, 4096, 250054
+    attn, ffn, norm = d * d + d, 2 * d * f + d + f, 2 * d
+    encoder = 12 * (4 * attn + ffn + 2 * norm)
+    decoder = 12 * (8 * attn + ffn + 3 * norm)
+    expected = v * d + 2 * 1026 * d + encoder + decoder + 4 * norm + v
+    assert full.saved == full.trained == expected == 611_129_542
+    # LoRA r=16 on q_proj and v_proj: 12 encoder layers x 2 + 12 decoder layers x 4 (self and cross).
+    assert lora.saved == expected and lora.trained == 72 * 16 * (d + d)
+
+
+@pytest.mark.parametrize("lora", [True, False], ids=["lora", "full"])
+def test_the_dry_runs_disk_matches_the_files_a_run_writes(base, tmp_path, lora):
+    from qeebm import disk
+
+    cfg = make_config(base, tmp_path, *(LORA if lora else []), "optim.max_steps=2", "eval.every=2")
+    train(cfg)
+    planned = disk.run_disk(cfg, disk.translator_counts(cfg.model))
+    step = ckpt.latest_checkpoint(tmp_path / "checkpoints")
+    written = sum((step / name).stat().st_size for name in ("model.pt", "optimizer.pt"))
+    # torch.save's pickle adds a few hundred bytes a tensor.
+    assert planned.checkpoint_bytes <= written <= planned.checkpoint_bytes * 1.1 + 100_000
+    dirs = [tmp_path / name for name in ("best", "final")]
+    assert planned.model_dirs == len(dirs) + len(cfg.eval.also_best)
+    for d in dirs:
+        size = (d / "model.safetensors").stat().st_size
+        assert planned.model_bytes / planned.model_dirs <= size <= planned.model_bytes / planned.model_dirs + 20_000

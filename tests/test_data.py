@@ -5,7 +5,6 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 import json
 import logging
-import time
 
 import pytest
 
@@ -322,9 +321,8 @@ def test_local_slices_tile_the_global_list():
 
 def test_far_step_is_computed_directly():
     s = StepSampler(1000, 16, seed=0)
-    start = time.perf_counter()
+    # Walking 10**12 steps would never return; the step's indices come from the step alone.
     far = s.global_indices(10**12)
-    assert time.perf_counter() - start < 1.0
     assert len(far) == 16 and all(0 <= i < 1000 for i in far)
     assert far == StepSampler(1000, 16, seed=0).global_indices(10**12)
     assert s.epoch_of(10**12) == pytest.approx(10**12 * 16 / 1000)
