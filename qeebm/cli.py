@@ -9,7 +9,7 @@ import logging
 import sys
 from pathlib import Path
 
-from qeebm.entry import setup_process
+from qeebm.utils.process import setup_process
 from qeebm.errors import QeebmError
 
 CONFIG_HELP = "YAML file with the settings that differ from the defaults (see qeebm/config.py)"
@@ -31,7 +31,7 @@ def cmd_tinyworld_build(args: argparse.Namespace) -> None:
 
 
 def cmd_tinyworld_build_top(args: argparse.Namespace) -> None:
-    from qeebm.tinyworld.build import is_built
+    from qeebm.tinyworld.world import is_built
     from qeebm.tinyworld.toprange import add_top_range
 
     if not is_built(args.dir):
@@ -48,7 +48,7 @@ def cmd_tinyworld_build_qe(args: argparse.Namespace) -> None:
 
 def cmd_train(args: argparse.Namespace) -> None:
     from qeebm.config import load_config
-    from qeebm.loop import train
+    from qeebm.training.loop import train
 
     cfg = load_config(args.config, args.overrides)
     result = train(cfg)
@@ -56,18 +56,18 @@ def cmd_train(args: argparse.Namespace) -> None:
 
 
 def cmd_translate(args: argparse.Namespace) -> None:
-    from qeebm.cli_evaluate import generation_from_args
-    from qeebm.evaluate import DEFAULT_QE_MODELS
-    from qeebm.qad import selection_from_args
-    from qeebm.translator import translate_file
+    from qeebm.evaluation.command import generation_from_args
+    from qeebm.metrics.registry import DEFAULT_MODELS
+    from qeebm.translation.qad import selection_from_args
+    from qeebm.translation.translator import translate_file
 
-    selection = selection_from_args(args, DEFAULT_QE_MODELS)
+    selection = selection_from_args(args, DEFAULT_MODELS)
     translate_file(args.model, args.src_lang, args.tgt_lang, args.input, args.output, generation_from_args(args),
                    selection=selection)
 
 
 def cmd_evaluate(args: argparse.Namespace) -> None:
-    from qeebm.cli_evaluate import evaluate_main
+    from qeebm.evaluation.command import evaluate_main
 
     evaluate_main(args)
 
@@ -79,7 +79,7 @@ def cmd_score(args: argparse.Namespace) -> None:
 
 
 def cmd_qe_check(args: argparse.Namespace) -> None:
-    from qeebm.qe.check import run
+    from qeebm.analysis.qe_check import run
 
     result = run(args.qe, args.translator, args.dev, args.out, src_lang=args.src_lang, tgt_lang=args.tgt_lang,
                  comet=args.comet, samples=args.samples, max_sentences=args.max_sentences, beams=args.beams,
@@ -91,7 +91,7 @@ def cmd_qe_check(args: argparse.Namespace) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
-    from qeebm.demo import default_systems, run_demo
+    from qeebm.experiments.demo import default_systems, run_demo
 
     systems = [s.strip() for s in args.systems.split(",")] if args.systems else None
     known = default_systems()
@@ -119,8 +119,8 @@ def add_decoding_args(g) -> None:
 
 
 def add_selection_args(p, models: str) -> None:
-    """``--rerank`` / ``--mbr`` / ``--candidates`` (qeebm/qad.py; qad.selection_from_args reads them)."""
-    from qeebm.qad import DEFAULT_CANDIDATES
+    """``--rerank`` / ``--mbr`` / ``--candidates`` (qeebm/translation/qad.py; qad.selection_from_args reads them)."""
+    from qeebm.translation.qad import DEFAULT_CANDIDATES
 
     g = p.add_argument_group(
         "quality-aware decoding", f"make --candidates translations per segment (the N best of a beam of "
@@ -231,7 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
         "evaluate", help="translate a test set and score it: BLEU, chrF++, TER, COMET, COMET-Kiwi, XCOMET, judges",
         description="Translate the test corpus with a model (beam search) or take --hyps; score it with\n"
         "sacrebleu BLEU / chrF++ / TER (as the sacrebleu command line) and COMET-family models (as\n"
-        "comet-score: fp16, batch 16); write the evaluation report (qeebm/report.py) that\n"
+        "comet-score: fp16, batch 16); write the evaluation report (qeebm/evaluation/report.py) that\n"
         "scripts/compare.py reads. Default metrics: all of them; with --tinyworld, the world's own\n"
         "QEs and no XCOMET. Each QE model is loaded only while it scores.",
         epilog="examples:\n"

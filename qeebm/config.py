@@ -39,7 +39,7 @@ EXTRA_SYSTEMS = ("dpo", "cpo", "grpo")
 # tiny Kiwi, beside straight-through's realistic row; a tiny recipe only.
 KIWI_ESTIMATOR_SYSTEMS = ("qe-ebm-softmax",)
 # The tiny world's positive control: systems trained against an energy or reward that knows the answer
-# (the world's true reference of every pool sentence); tiny recipes only (qeebm/demo.py, TARGETS).
+# (the world's true reference of every pool sentence); tiny recipes only (qeebm/experiments/demo.py, TARGETS).
 # QE-EBM's gradient estimators other than straight-through are positive-control rows of their own.
 ESTIMATOR_SYSTEMS = ("qe-ebm-softmax-oracle", "qe-ebm-reinmax-oracle", "qe-ebm-loo-cv-oracle")
 ORACLE_SYSTEMS = ("qe-ebm-oracle", "reinforce-oracle", "reinforce-chrf", "dpo-oracle", *ESTIMATOR_SYSTEMS)
@@ -382,7 +382,7 @@ class ReinforceConfig:
 @dataclass
 class PPOConfig:
     """PPO, the paper's actor-critic baseline (TRL's former seq2seq defaults, the values in
-    qeebm/rl.py). One optimiser step of the loop is one rollout of ``optim.batch_size`` source-only
+    qeebm/methods/rl.py). One optimiser step of the loop is one rollout of ``optim.batch_size`` source-only
     sentences x ``sampling.num_samples``, followed by ``epochs`` x ``minibatches`` optimiser updates over it;
     the published batch 20 / minibatch 4 / 2 epochs is ``optim.batch_size: 20``,
     ``ppo.minibatches: 5``, ``ppo.epochs: 2``. The learning-rate schedule advances once per rollout.
@@ -436,7 +436,7 @@ class GRPOConfig:
     is exactly 1 and the update is the policy gradient; ``kl_coef: 0`` loads no reference. Every
     forward runs without dropout.
 
-    ``loss_type`` sums the per-token losses (qeebm/rl.py, ``GRPO_LOSS_TYPES``): ``grpo`` (each
+    ``loss_type`` sums the per-token losses (qeebm/methods/rl.py, ``GRPO_LOSS_TYPES``): ``grpo`` (each
     sample's token mean, then the mean over the step's samples, published), ``dapo`` (the mean over
     the step's tokens) or ``dr_grpo`` (the sum over the step's samples x ``sampling.max_new_tokens``).
     Dr. GRPO is ``loss_type: dr_grpo`` with ``scale_rewards: none``."""

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from qeebm.errors import QeebmError
-from qeebm.langcodes import MBART50_TO_NLLB, NLLB_TO_MBART50, script_of
+from qeebm.utils.langcodes import MBART50_TO_NLLB, NLLB_TO_MBART50, script_of
 
 GUARDS = ("empty", "copy", "length_ratio", "script", "repetition", "language_id")
 

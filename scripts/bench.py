@@ -1,7 +1,7 @@
 """Micro-benchmarks, offline: `python scripts/bench.py --what scoring`, `--what step` and `--what preempt`.
 
 step: a few training steps of each method (sft, reinforce, ppo, qe-ebm static and dynamic) in a fresh
-process each, every phase timed (qeebm/benchmark.py: sampling, teacher-forced replay, relaxation and
+process each, every phase timed (qeebm/analysis/benchmark.py: sampling, teacher-forced replay, relaxation and
 bridge, alignment, QE forward, backward, optimiser, other), with each phase's FLOP floor at the fp32
 matmul rate measured in the same run and the process's peak resident memory during the timed steps;
 (a) on the tiny world with its recipes' shapes, (b) on random weights of the published shapes
@@ -143,7 +143,7 @@ def interleaved_best(fns: dict, reps: int) -> dict:
 
 
 def bench_scoring(args) -> None:
-    from qeebm.evaluate import quiet_lightning
+    from qeebm.evaluation.evaluate import quiet_lightning
     from qeebm.qe.scoring import QEScorer
     from qeebm.qe.tiny import new_qe, write_encoder
 
@@ -203,7 +203,7 @@ def bench_scoring(args) -> None:
               f"{rate['floor']:.1f} | {rate['floor'] / rate['scorer']:.2f}x |")
 
 
-# --- step: one training step of each method, decomposed (qeebm/benchmark.py) -----------------------
+# --- step: one training step of each method, decomposed (qeebm/analysis/benchmark.py) -----------------------
 
 STEP_METHODS = ("sft", "reinforce", "ppo", "qe-ebm-static", "qe-ebm-dynamic")
 SAMPLING_SECTION = {"reinforce": "reinforce", "ppo": "ppo", "qe-ebm-static": "qe_ebm", "qe-ebm-dynamic": "qe_ebm"}
@@ -248,15 +248,15 @@ def step_worker(recipe: str, overrides: list[str], threads: int, suppress_unknow
 
     torch.set_num_threads(threads)
     logging.basicConfig(level=logging.WARNING)
-    from qeebm.benchmark import PhaseTimer, instrument, peak_rss, reset_peak_rss
+    from qeebm.analysis.benchmark import PhaseTimer, instrument, peak_rss, reset_peak_rss
     from qeebm.config import load_config
-    from qeebm.demo import CONFIGS
-    from qeebm.loop import train
+    from qeebm.experiments.demo import CONFIGS
+    from qeebm.training.loop import train
 
     if suppress_unknown:
         import functools
 
-        from qeebm.translator import Translator
+        from qeebm.translation.translator import Translator
 
         special = Translator.suppressed_ids.func
 
@@ -278,7 +278,7 @@ def step_worker(recipe: str, overrides: list[str], threads: int, suppress_unknow
 
 def step_overrides(name: str, world: Path, run_dir: Path, args, translator: Path | None = None,
                    kiwi: Path | None = None, lora: bool = False, checkpointing: bool = False) -> list[str]:
-    from qeebm.demo import run_overrides
+    from qeebm.experiments.demo import run_overrides
 
     b = {"steps": args.steps + 1, "batch_size": args.step_batch, "every": 0, "patience": 0, "eval_examples": 8}
     out = run_overrides(name, world, run_dir, b, seed=42, start=world / "nllb-base") + ["output.save_every=0",
@@ -301,8 +301,9 @@ def bench_step(args) -> None:
     from concurrent.futures import ProcessPoolExecutor
     from concurrent.futures.process import BrokenProcessPool
 
-    from qeebm.demo import tiny_recipe
-    from qeebm.tinyworld.build import build, is_built
+    from qeebm.experiments.demo import tiny_recipe
+    from qeebm.tinyworld.build import build
+    from qeebm.tinyworld.world import is_built
 
     world = Path(args.world)
     if not is_built(world):
@@ -355,7 +356,7 @@ def bench_step(args) -> None:
 
 def print_step_table(rows: list[tuple[str, dict]], rate: float, failed: list[str] = ()) -> None:
     """The decomposition table and the step-without-generation ratios, from each case's summary."""
-    from qeebm.benchmark import PHASES
+    from qeebm.analysis.benchmark import PHASES
 
     print("\nseconds per step by phase (in brackets: time / FLOP floor at the measured matmul rate)\n")
     print("| method | step s | " + " | ".join(PHASES) + " | overhead share | peak RSS GiB |")
@@ -416,12 +417,12 @@ def preempt_worker(overrides: list[str], threads: int, signal_at: int, runs: int
 
     torch.set_num_threads(threads)
     logging.disable(logging.WARNING)  # the preemption's own lines, once per run, would split the table
-    import qeebm.loop
-    from qeebm import checkpoint as ckpt
+    import qeebm.training.loop
+    from qeebm.training import checkpoint as ckpt
     from qeebm.config import load_config
-    from qeebm.demo import CONFIGS
+    from qeebm.experiments.demo import CONFIGS
 
-    real_backward, real_save, real_step = qeebm.loop.backward, ckpt.save_checkpoint, qeebm.loop.train_step
+    real_backward, real_save, real_step = qeebm.training.loop.backward, ckpt.save_checkpoint, qeebm.training.loop.train_step
     marks: dict = {}
 
     def backward(accelerator, loss):
@@ -445,19 +446,19 @@ def preempt_worker(overrides: list[str], threads: int, signal_at: int, runs: int
             marks["steps"].append(time.perf_counter() - start)
         return out
 
-    qeebm.loop.backward, ckpt.save_checkpoint, qeebm.loop.train_step = backward, save_checkpoint, train_step
+    qeebm.training.loop.backward, ckpt.save_checkpoint, qeebm.training.loop.train_step = backward, save_checkpoint, train_step
     records = []
     try:
         for i in range(runs):
             marks.update(micro=0, steps=[])
             with contextlib.redirect_stdout(io.StringIO()):
-                result = qeebm.loop.train(load_config(CONFIGS / "tiny_sft.yaml", [*overrides, f"output.run_dir={root}/{i}"]))
+                result = qeebm.training.loop.train(load_config(CONFIGS / "tiny_sft.yaml", [*overrides, f"output.run_dir={root}/{i}"]))
             assert result.preempted, "the signal did not stop the run"
             records.append({"stopped_after": result.step, "to_stop": marks["stop"] - marks["signal"],
                             "save": marks["saved"] - marks["stop"], "total": marks["saved"] - marks["signal"],
                             "bytes": marks["bytes"], "step": statistics.mean(marks["steps"][1:] or marks["steps"])})
     finally:
-        qeebm.loop.backward, ckpt.save_checkpoint, qeebm.loop.train_step = real_backward, real_save, real_step
+        qeebm.training.loop.backward, ckpt.save_checkpoint, qeebm.training.loop.train_step = real_backward, real_save, real_step
         logging.disable(logging.NOTSET)
     return {k: statistics.median(r[k] for r in records) for k in records[0]}
 
@@ -466,10 +467,10 @@ def save_rate(params: int, root: Path) -> tuple[int, float, float]:
     """Bytes and seconds of ``checkpoint.save_checkpoint`` (write, digests, rename) for a model of
     ``params`` fp32 parameters with AdamW moments, in this process; and the seconds of the digests
     alone, taken again on the files it wrote."""
-    from qeebm.integrity import seal
+    from qeebm.utils.integrity import seal
     from accelerate import Accelerator
 
-    from qeebm import checkpoint as ckpt
+    from qeebm.training import checkpoint as ckpt
 
     width = 4096
     model = torch.nn.Sequential(*[torch.nn.Linear(width, width, bias=False) for _ in range(max(1, params // width**2))])
@@ -493,7 +494,8 @@ def bench_preempt(args) -> None:
     import shutil
     from concurrent.futures import ProcessPoolExecutor
 
-    from qeebm.tinyworld.build import build, is_built
+    from qeebm.tinyworld.build import build
+    from qeebm.tinyworld.world import is_built
 
     world = Path(args.world)
     if not is_built(world):
@@ -533,7 +535,7 @@ BENCHMARKS = {"scoring": bench_scoring, "step": bench_step, "table": bench_table
 
 
 def main(argv=None) -> None:
-    from qeebm.entry import setup_process
+    from qeebm.utils.process import setup_process
 
     setup_process()  # torch's huge-page allocations, as in a `qeebm` command; the step workers inherit it
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])

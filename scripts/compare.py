@@ -3,7 +3,7 @@
     python scripts/compare.py runs/sft runs/qe-ebm/seed*/ --baseline sft --out results/en-mn --plots
 
 Each RUN is a run directory (its eval/<split>.json is read) or an evaluation report file. Reports
-with the same "system" are seeds of one system. The method is described in qeebm/compare.py.
+with the same "system" are seeds of one system. The method is described in qeebm/evaluation/compare.py.
 Exit code 2 with a one-line error for missing or mismatched inputs.
 """
 
@@ -18,7 +18,7 @@ try:
 except ImportError:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from qeebm.compare import DEFAULT_CURVE_KEYS, FORMATTERS, run
+from qeebm.evaluation.compare import DEFAULT_CURVE_KEYS, FORMATTERS, run
 from qeebm.errors import QeebmError
 
 

@@ -22,7 +22,7 @@ except ImportError:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from qeebm.config import EXTRA_SYSTEMS, KIWI_ESTIMATOR_SYSTEMS, ORACLE_SYSTEMS, SEEDS, SYSTEMS
-from qeebm.runlog import validations
+from qeebm.utils.runlog import validations
 
 PANELS = {"realistic rows (trained against the tiny Kiwi)": (*SYSTEMS, *EXTRA_SYSTEMS, *KIWI_ESTIMATOR_SYSTEMS),
           "positive control (an energy or reward that knows the reference)": ("sft", *ORACLE_SYSTEMS)}

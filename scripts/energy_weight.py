@@ -25,9 +25,9 @@ except ImportError:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from qeebm.config import data_path_overrides
-from qeebm.demo import CONFIGS, train_worker
-from qeebm.entry import setup_process
-from qeebm.runlog import read_metrics
+from qeebm.experiments.demo import CONFIGS, train_worker
+from qeebm.utils.process import setup_process
+from qeebm.utils.runlog import read_metrics
 
 KEYS = ("diag/grad_ce", "diag/grad_energy", "diag/ratio_energy", "diag/cos_energy", "qe-ebm/beta",
         "qe-ebm/score_spread", "qe-ebm/sample_score")

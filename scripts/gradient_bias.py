@@ -8,7 +8,7 @@ mode), for each QE (the tiny Kiwi QE-EBM trains against, and the oracle: the tin
 COMET reading each sentence's reference): the gradient of the expected score estimated without bias
 (score function, leave-one-out baseline) and the relaxed gradients QE-EBM can follow (straight-through,
 softmax, straight-through Gumbel-softmax, ReinMax), each on two independent halves of the samples.
-``qeebm.gradient_bias.agreement`` turns them into cosines corrected for the estimates' noise. Then, at
+``qeebm.analysis.gradient_bias.agreement`` turns them into cosines corrected for the estimates' noise. Then, at
 equal compute, ``--groups`` independent K-sample estimates of every estimator (REINFORCE-LOO, the
 relaxations, loo-cv) for K = 2, 4, 8 (REINFORCE up to 24, the K that costs what the others cost in
 QE passes): each one's signal-to-noise ratio, bias, and the cosine of a single estimate with the true
@@ -53,12 +53,22 @@ def main(argv=None) -> int:
     import torch
 
     from qeebm.config import ModelConfig
-    from qeebm.data import read_corpus
+    from qeebm.data.corpus import read_corpus
     from qeebm.config import CorpusConfig
-    from qeebm.gradient_bias import (agreement, cv_weight, draw, estimate, group_rows, qe_cost, QE_PASSES,
-                                     relaxed_gradient, score_function_gradient, signal_to_noise)
+    from qeebm.analysis.gradient_bias import (
+        agreement,
+        cv_weight,
+        draw,
+        estimate,
+        group_rows,
+        qe_cost,
+        QE_PASSES,
+        relaxed_gradient,
+        score_function_gradient,
+        signal_to_noise,
+    )
     from qeebm.qe.energy import load_energy
-    from qeebm.translator import Translator
+    from qeebm.translation.translator import Translator
 
     torch.set_num_threads(1)
     world, out = Path(args.world), Path(args.out)

@@ -28,8 +28,8 @@ import sys, torch
 from pathlib import Path
 torch.set_num_threads(1)
 from qeebm.config import load_config
-from qeebm.demo import CONFIGS, SHIPPED_PLATEAU, budget, run_overrides, tiny_recipe
-from qeebm.loop import train
+from qeebm.experiments.demo import CONFIGS, SHIPPED_PLATEAU, budget, run_overrides, tiny_recipe
+from qeebm.training.loop import train
 name, world, out, steps = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4])
 b = budget(False) | {"steps": steps, "every": steps + 1}
 overrides = run_overrides(name, world, out, b, 42, SHIPPED_PLATEAU / "best")

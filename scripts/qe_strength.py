@@ -27,7 +27,7 @@ try:
 except ImportError:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from qeebm.entry import setup_process
+from qeebm.utils.process import setup_process
 
 # system -> (method, the signal it trains on)
 SYSTEMS = {
@@ -43,7 +43,7 @@ def strength(world: Path, translator: Path, signal: str, out: Path) -> float:
     run once and then read back); chrF++ itself is 1."""
     if signal == "chrf":
         return 1.0
-    from qeebm.qe.check import run
+    from qeebm.analysis.qe_check import run
 
     path = out / "qe_check.json"
     if not path.is_file():

@@ -5,7 +5,7 @@ each system spent to get there, per gradient estimator.
     python scripts/sample_efficiency.py --runs runs/tables --out runs/efficiency
 
 A system's QE cost at step s is s x (source-only sentences per step) x its estimator's QE cost per
-sentence (``qeebm.gradient_bias.qe_cost``: K forward passes, and K backward passes to the QE's inputs
+sentence (``qeebm.analysis.gradient_bias.qe_cost``: K forward passes, and K backward passes to the QE's inputs
 counted as 2 forwards each, for the estimators that use the QE's gradient), read from the run's saved
 config. The gain at a validation step is the system's dev chrF++ minus SFT continued's at the same
 step, averaged over the seeds both have. Writes ``OUT/sample_efficiency.png`` and
@@ -26,8 +26,8 @@ except ImportError:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from qeebm.config import SEEDS
-from qeebm.gradient_bias import qe_cost
-from qeebm.runlog import validations
+from qeebm.analysis.gradient_bias import qe_cost
+from qeebm.utils.runlog import validations
 
 SYSTEMS = ("reinforce-oracle", "qe-ebm-oracle", "qe-ebm-softmax-oracle", "qe-ebm-reinmax-oracle",
            "qe-ebm-loo-cv-oracle")

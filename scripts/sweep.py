@@ -2,7 +2,7 @@
 
     python scripts/sweep.py --world data/tinyworld --out runs/sweep --test   # docs/results.md
 
-Every setting is trained under the demo's protocol (``qeebm/demo.py``: ``budget`` and
+Every setting is trained under the demo's protocol (``qeebm/experiments/demo.py``: ``budget`` and
 ``run_overrides``; seed 42), continuing from the same SFT plateau (``--plateau``; by default the one the
 default world ships for seed 42, or trained first): four learning rates for SFT continued, which has nothing else to tune; for every other
 system SFT's best learning rate (times each of ``--lr-factors``, default 1 alone; PPO also divided
@@ -36,10 +36,16 @@ except ImportError:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from qeebm.config import SEEDS
-from qeebm.demo import (budget, default_systems, evaluate_and_compare, plateau_start, train_plateaus,
-                        train_runs)
-from qeebm.entry import setup_process
-from qeebm.runlog import best_validation
+from qeebm.experiments.demo import (
+    budget,
+    default_systems,
+    evaluate_and_compare,
+    plateau_start,
+    train_plateaus,
+    train_runs,
+)
+from qeebm.utils.process import setup_process
+from qeebm.utils.runlog import best_validation
 
 # Continuing from the plateau, where SFT's own run ended at a learning rate decayed to 0.
 SFT_LRS = (5e-4, 1e-3, 2e-3, 4e-3)

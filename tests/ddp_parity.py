@@ -49,7 +49,7 @@ def write_tiny_world(root: Path) -> Path:
     on 8 dev pairs, logging every step, no periodic validation or checkpoints."""
     from helpers import tiny_texts, tiny_translator_dir
 
-    from qeebm.data import write_tsv
+    from qeebm.data.corpus import write_tsv
 
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
@@ -78,7 +78,7 @@ def write_tiny_world_with_mono(root: Path) -> Path:
     """``write_tiny_world`` plus a 32-sentence source-only pool (``data.mono``), for the methods that sample."""
     from helpers import tiny_texts
 
-    from qeebm.data import write_lines
+    from qeebm.data.corpus import write_lines
 
     path = write_tiny_world(root)
     write_lines(Path(root) / "mono.txt", tiny_texts(64, seed=5)[0::2])
@@ -99,7 +99,7 @@ def read_metrics(run_dir: Path) -> list[dict]:
 
 def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
     """Model state of the newest checkpoint in ``run_dir`` (of a LoRA run: its trainable tensors)."""
-    from qeebm.checkpoint import latest_checkpoint
+    from qeebm.training.checkpoint import latest_checkpoint
 
     found = latest_checkpoint(Path(run_dir) / "checkpoints")
     assert found is not None, f"no checkpoint in {run_dir}"
@@ -181,12 +181,12 @@ def signal_one_process(spec: str) -> None:
     import os
     import signal
 
-    import qeebm.loop
+    import qeebm.training.loop
 
     rank, n = map(int, spec.split(":"))
     if int(os.environ.get("RANK", "0")) != rank:
         return
-    real, ran = qeebm.loop.backward, []
+    real, ran = qeebm.training.loop.backward, []
 
     def backward(accelerator, loss):
         ran.append(1)
@@ -194,13 +194,13 @@ def signal_one_process(spec: str) -> None:
             signal.raise_signal(signal.SIGUSR1)
         real(accelerator, loss)
 
-    qeebm.loop.backward = backward
+    qeebm.training.loop.backward = backward
 
 
 def main(argv: list[str]) -> None:
     import os
 
-    from qeebm.loop import train
+    from qeebm.training.loop import train
 
     if os.environ.get("QEEBM_TEST_SIGNAL"):
         signal_one_process(os.environ["QEEBM_TEST_SIGNAL"])

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from ddp_parity import assert_identical, finish, launch_two, make_config, read_metrics, write_tiny_world
-from qeebm import checkpoint as ckpt
-from qeebm.backends import configure_deepspeed, make_accelerator
+from qeebm.training import checkpoint as ckpt
+from qeebm.training.backends import configure_deepspeed, make_accelerator
 from qeebm.errors import QeebmError
-from qeebm.loop import train
+from qeebm.training.loop import train
 
 HAS_DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
 HAS_WANDB = importlib.util.find_spec("wandb") is not None
@@ -127,7 +127,7 @@ def test_deepspeed_runs_the_methods_with_their_own_parameters_as_ddp_does(base, 
     the method's own trained state (PPO's value head, the dynamic QE) the same and moved."""
     from helpers import tiny_texts, tokenizer_dir
 
-    from qeebm.data import write_lines
+    from qeebm.data.corpus import write_lines
     from qeebm.qe.tiny import build_tiny_kiwi
 
     write_lines(tmp_path / "mono.txt", tiny_texts(64, seed=5)[0::2])

@@ -1,4 +1,4 @@
-"""The step benchmark's instruments (qeebm/benchmark.py): FLOP floors equal hand counts, and phases
+"""The step benchmark's instruments (qeebm/analysis/benchmark.py): FLOP floors equal hand counts, and phases
 are charged exclusive time (on a fake clock)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 from helpers import tiny_translator_dir
 from transformers import AutoModelForSeq2SeqLM, XLMRobertaConfig, XLMRobertaModel
 
-import qeebm.benchmark as bm
+import qeebm.analysis.benchmark as bm
 
 
 def test_translator_flops_equal_a_hand_count():
@@ -101,7 +101,7 @@ def test_instrumented_models_still_sample_several_rows_a_source():
     """The timing wrappers keep the wrapped forward's signature: generate checks its keyword
     arguments (the sampler's encoder_outputs) against it."""
     from qeebm.config import GenerationConfig, ModelConfig
-    from qeebm.translator import Translator
+    from qeebm.translation.translator import Translator
 
     tr = Translator.load(ModelConfig(name_or_path=str(tiny_translator_dir("nllb"))))
     enc = tr.encode(["the cat sees 12 dogs.", "a big red house"])
@@ -124,7 +124,7 @@ def _thp_mode() -> str | None:
 
 def test_importing_qeebm_leaves_the_environment_alone_and_the_cli_turns_on_huge_pages():
     env = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
-    code = ("import os, qeebm, qeebm.cli, qeebm.loop\n"
+    code = ("import os, qeebm, qeebm.cli, qeebm.training.loop\n"
             "print(os.environ.get('THP_MEM_ALLOC_ENABLE'))\n"
             "qeebm.cli.main(['train', 'optim.lrr=1'])  # a config error: exit code 2 before any work\n"
             "print(os.environ.get('THP_MEM_ALLOC_ENABLE'))")
@@ -144,7 +144,7 @@ def test_setup_process_turns_on_torchs_huge_page_allocations_unless_the_user_sai
     # Under the kernel's "madvise" mode only an allocation torch advised gets huge pages: a touched
     # 64 MB tensor then shows up in the process's AnonHugePages.
     code = ("import os, re, torch\n"
-            "from qeebm.entry import setup_process\n"
+            "from qeebm.utils.process import setup_process\n"
             "setup_process()\n"
             "def huge(): return int(re.search(r'AnonHugePages:\\s+(\\d+)', open('/proc/self/smaps_rollup').read()).group(1))\n"
             "before = huge(); x = torch.ones(1 << 24)\n"

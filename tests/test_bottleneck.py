@@ -21,13 +21,13 @@ from safetensors.torch import load_file as load_safetensors
 
 from ddp_parity import assert_identical, make_config, read_metrics, write_tiny_world
 from helpers import tiny_texts, tiny_translator_dir, tokenizer_dir
-from qeebm import checkpoint as ckpt
+from qeebm.training import checkpoint as ckpt
 from qeebm.config import BottleneckConfig, LoraConfig, ModelConfig, load_config
-from qeebm.data import write_lines
+from qeebm.data.corpus import write_lines
 from qeebm.errors import QeebmError
-from qeebm.loop import train
+from qeebm.training.loop import train
 from qeebm.methods.common import InitialPolicy
-from qeebm.translator import BOTTLENECK_DIR, BOTTLENECK_NAME, Translator
+from qeebm.translation.translator import BOTTLENECK_DIR, BOTTLENECK_NAME, Translator
 
 needs_adapters = pytest.mark.skipif(importlib.util.find_spec("adapters") is None,
                                     reason="the adapters package is not installed (pip install 'qeebm[adapters]')")
@@ -181,7 +181,7 @@ def test_the_initial_policy_of_a_bottleneck_translator_is_a_frozen_copy(base, tm
 
 @needs_adapters
 def test_the_energy_reaches_every_bottleneck_parameter_and_never_the_qe(base, tmp_path):
-    from qeebm.loop import count_label_tokens, load_data, load_mono, make_batch
+    from qeebm.training.loop import count_label_tokens, load_data, load_mono, make_batch
     from qeebm.methods import METHODS
     from qeebm.qe.tiny import build_tiny_kiwi
 
@@ -219,7 +219,7 @@ def test_what_cannot_have_a_bottleneck_is_one_line_before_any_weights(monkeypatc
     def no_weights(*args, **kwargs):
         raise AssertionError("weights were read")
 
-    monkeypatch.setattr("qeebm.translator._load_weights", no_weights)
+    monkeypatch.setattr("qeebm.translation.translator._load_weights", no_weights)
     on = BottleneckConfig(enabled=True)
     nllb = ModelConfig(name_or_path=str(tiny_translator_dir("nllb")), bottleneck=on)
     with pytest.raises(QeebmError, match="'m2m_100' model: the adapters package has bottleneck adapters for mBART"):

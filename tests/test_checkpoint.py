@@ -19,11 +19,11 @@ from safetensors.torch import save_file as save_safetensors
 
 from ddp_parity import assert_identical, make_config, read_metrics, write_tiny_world
 from helpers import make_tiny_translator_dir
-from qeebm import checkpoint as ckpt
-from qeebm import integrity
+from qeebm.training import checkpoint as ckpt
+from qeebm.utils import integrity
 from qeebm.errors import QeebmError
-from qeebm.loop import train
-from qeebm.translator import Translator
+from qeebm.training.loop import train
+from qeebm.translation.translator import Translator
 
 
 @pytest.fixture(scope="module")
@@ -306,7 +306,7 @@ def test_rng_state_round_trips_through_a_file(tmp_path):
 
 def test_the_disk_a_dry_run_computes_for_mbart50_is_counted_by_hand():
     from qeebm.config import LoraConfig, ModelConfig
-    from qeebm.disk import translator_counts
+    from qeebm.experiments.disk import translator_counts
 
     full = translator_counts(ModelConfig(name_or_path="facebook/mbart-large-50"))
     lora = translator_counts(ModelConfig(name_or_path="facebook/mbart-large-50", lora=LoraConfig(enabled=True)))
@@ -325,7 +325,7 @@ def test_the_disk_a_dry_run_computes_for_mbart50_is_counted_by_hand():
 
 @pytest.mark.parametrize("lora", [True, False], ids=["lora", "full"])
 def test_the_dry_runs_disk_matches_the_files_a_run_writes(base, tmp_path, lora):
-    from qeebm import disk
+    from qeebm.experiments import disk
 
     cfg = make_config(base, tmp_path, *(LORA if lora else []), "optim.max_steps=2", "eval.every=2")
     train(cfg)

@@ -54,7 +54,7 @@ def test_train_and_translate_on_the_micro_world(micro_world, tmp_path, capsys):
 
 
 def test_demo_quick_prints_the_method_table_with_selection_rows(micro_world, tmp_path, capsys, monkeypatch):
-    from qeebm.demo import default_systems, run_demo
+    from qeebm.experiments.demo import default_systems, run_demo
 
     monkeypatch.chdir(tmp_path)
     # A realistic row and a positive-control one: every system's training is the golden runs' business.
@@ -99,14 +99,14 @@ def test_the_cli_keeps_third_party_deprecation_noise_out_of_stderr(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert len(scores.read_text().splitlines()) == 4 and NOISE not in proc.stderr and "Warning" not in proc.stderr
     # The processes a command starts (the demo's and the tiny world's workers) inherit the filter.
-    code = ("import subprocess, sys\nfrom qeebm.entry import setup_process\nsetup_process()\n"
+    code = ("import subprocess, sys\nfrom qeebm.utils.process import setup_process\nsetup_process()\n"
             "sys.exit(subprocess.run([sys.executable, '-c', 'import comet']).returncode)")
     child = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert child.returncode == 0 and NOISE not in child.stderr
 
 
 def test_a_users_own_warning_options_come_after_the_noise_filters(monkeypatch):
-    from qeebm.entry import setup_process
+    from qeebm.utils.process import setup_process
 
     monkeypatch.setenv("THP_MEM_ALLOC_ENABLE", "0")
     monkeypatch.setenv("PYTHONWARNINGS", "error::DeprecationWarning")

@@ -14,17 +14,8 @@ import sacrebleu
 from sacrebleu.metrics import BLEU, CHRF, TER
 
 from qeebm import __version__ as QEEBM_VERSION
-from qeebm.compare import (
-    Cell,
-    Comparison,
-    Entry,
-    System,
-    compare,
-    format_csv,
-    format_markdown,
-    run,
-)
-from qeebm.bootstrap import (
+from qeebm.evaluation.compare import Cell, Comparison, Entry, System, compare, format_csv, format_markdown, run
+from qeebm.metrics.bootstrap import (
     paired_bootstrap_p,
     percentile_ci,
     resample_counts,
@@ -33,16 +24,8 @@ from qeebm.bootstrap import (
     seed_pairs,
 )
 from qeebm.errors import QeebmError
-from qeebm.report import (
-    FORMAT,
-    build_report,
-    corpus_from_stats,
-    make_metric,
-    mean_stats,
-    read_report,
-    segment_stats,
-    write_report,
-)
+from qeebm.evaluation.report import FORMAT, build_report, read_report, write_report
+from qeebm.metrics.sacrebleu import corpus_from_stats, make_metric, mean_stats, segment_stats
 
 ROOT = Path(__file__).resolve().parents[1]
 VOCAB = [f"w{i}" for i in range(60)]
@@ -211,7 +194,7 @@ def test_bleu_p_value_agrees_with_sacrebleu_paired_bs():
 
     # Same resamples, same percentile rule: the CI half-width is sacrebleu's (up to its float32 stats).
     from sacrebleu.significance import PairedTest
-    from qeebm.bootstrap import _environ
+    from qeebm.metrics.bootstrap import _environ
 
     with _environ("SACREBLEU_SEED", "12345"):
         _, scores = PairedTest([("base", base), ("sys", system)], {"BLEU": BLEU()}, [refs], test_type="bs",
@@ -459,7 +442,7 @@ def _forest_reports():
 
 
 def test_forest_plot_draws_each_difference_with_its_interval_around_a_marked_zero():
-    from qeebm.plots import forest_figure
+    from qeebm.evaluation.plots import forest_figure
 
     result = compare(_forest_reports(), metrics=["bleu", "ter", "kiwi"], resamples=200, sacrebleu_test=False)
     fig = forest_figure(result)
@@ -487,8 +470,8 @@ def test_forest_plot_draws_each_difference_with_its_interval_around_a_marked_zer
 
 
 def test_decoding_time_rows_get_no_training_curves(tmp_path, monkeypatch):
-    import qeebm.compare
-    from qeebm.compare import curve_runs
+    import qeebm.evaluation.compare
+    from qeebm.evaluation.compare import curve_runs
 
     refs = corpus(12)
     hyp = noisy(refs, 0.3, 1)
@@ -506,8 +489,8 @@ def test_decoding_time_rows_get_no_training_curves(tmp_path, monkeypatch):
     for entry in reports:
         write_report(entry.path, entry.report)
     (sft_dir / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": 3.0 - s}) + "\n" for s in (1, 2)))
-    drawn, plot_curves = [], qeebm.compare.plot_curves
-    monkeypatch.setattr(qeebm.compare, "plot_curves", lambda runs, *a: (drawn.append(list(runs)), plot_curves(runs, *a))[1])
+    drawn, plot_curves = [], qeebm.evaluation.compare.plot_curves
+    monkeypatch.setattr(qeebm.evaluation.compare, "plot_curves", lambda runs, *a: (drawn.append(list(runs)), plot_curves(runs, *a))[1])
     out = tmp_path / "out"
     run([str(tmp_path / "base"), str(sft_dir), str(sft_dir / "eval" / "test-rerank.json")], out=out, plots=True,
         resamples=50, curve_keys=["loss"], stderr=open(tmp_path / "stderr.txt", "w"))
@@ -547,7 +530,7 @@ def test_a_table_never_mixes_bleu_tokenizations():
 
 
 def test_config_id_groups_seeds_that_each_continue_their_own_plateau():
-    from qeebm.report import config_id
+    from qeebm.evaluation.report import config_id
 
     def cfg(seed, start):
         return {"seed": seed, "model": {"name_or_path": start}, "optim": {"lr": 1e-3}, "output": {"run_dir": f"r{seed}"}}

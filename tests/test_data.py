@@ -9,8 +9,8 @@ import logging
 import pytest
 
 from qeebm.config import CorpusConfig
-from qeebm.data import Corpus, filter_corpus, read_corpus, write_lines, write_tsv
-from qeebm.step_sampler import StepSampler
+from qeebm.data.corpus import Corpus, filter_corpus, read_corpus, write_lines, write_tsv
+from qeebm.data.step_sampler import StepSampler
 from qeebm.errors import QeebmError
 
 
@@ -91,7 +91,7 @@ def test_explicit_format_overrides_extension(tmp_path):
 
 def test_max_examples_keeps_first_and_logs(tmp_path, caplog):
     p = write_bytes(tmp_path / "c.tsv", b"src\ttgt\n" + b"".join(b"s%d\tt%d\n" % (i, i) for i in range(10)))
-    with caplog.at_level(logging.INFO, logger="qeebm.data"):
+    with caplog.at_level(logging.INFO, logger="qeebm.data.corpus"):
         c = read(p, max_examples=3)
     assert c.src == ["s0", "s1", "s2"]
     assert "left out 7" in caplog.text
@@ -207,7 +207,7 @@ def test_skip_counts_logs_and_keeps_good_lines(tmp_path, caplog):
         b"f\tF\n"  # 7
         b"g\t \n",  # 8 empty target
     )
-    with caplog.at_level(logging.INFO, logger="qeebm.data"):
+    with caplog.at_level(logging.INFO, logger="qeebm.data.corpus"):
         c = read(p, on_error="skip")
     assert c.src == ["a", "f"] and c.tgt == ["A", "F"]
     assert c.origin == [f"{p}:2", f"{p}:7"]
@@ -223,7 +223,7 @@ def test_skip_counts_logs_and_keeps_good_lines(tmp_path, caplog):
 
 def test_skip_jsonl(tmp_path, caplog):
     p = write_bytes(tmp_path / "c.jsonl", b'{"src": "a", "tgt": "b"}\nnot json\n[1]\n{"src": "c", "tgt": "d"}\n')
-    with caplog.at_level(logging.WARNING, logger="qeebm.data"):
+    with caplog.at_level(logging.WARNING, logger="qeebm.data.corpus"):
         c = read(p, on_error="skip")
     assert c.src == ["a", "c"]
     assert "skipped 2" in caplog.text and f"{p}:2" in caplog.text
@@ -253,9 +253,9 @@ def test_filter_counts_exactly(caplog):
         name="train",
     )
     count = lambda texts: [len(t.split()) for t in texts]  # noqa: E731
-    with caplog.at_level(logging.INFO, logger="qeebm.data"):
+    with caplog.at_level(logging.INFO, logger="qeebm.data.corpus"):
         out = filter_corpus(
-            c, max_tokens=3, dedup=True, count_src=count, count_tgt=count, log=logging.getLogger("qeebm.data")
+            c, max_tokens=3, dedup=True, count_src=count, count_tgt=count, log=logging.getLogger("qeebm.data.corpus")
         )
     assert out.src == ["a b", "x", "x"]
     assert out.tgt == ["A", "X1", "X2"]
@@ -266,7 +266,7 @@ def test_filter_counts_exactly(caplog):
 def test_filter_no_limit_no_dedup_and_source_only(caplog):
     c = Corpus(src=["a", "a", "b c d"], tgt=None, origin=["1", "2", "3"], name="mono")
     called = []
-    with caplog.at_level(logging.INFO, logger="qeebm.data"):
+    with caplog.at_level(logging.INFO, logger="qeebm.data.corpus"):
         out = filter_corpus(c, max_tokens=0, dedup=False, count_src=lambda t: called.append(t) or [], count_tgt=None)
     assert out.src == ["a", "a", "b c d"] and out.tgt is None and not called
     assert "mono: kept 3 of 3 (dropped 0 too long, 0 duplicates)" in caplog.text
@@ -380,7 +380,7 @@ def test_hf_dataset_dict_nested_translation(hf_dirs):
 
 def test_hf_max_examples(hf_dirs, caplog):
     flat, _ = hf_dirs
-    with caplog.at_level(logging.INFO, logger="qeebm.data"):
+    with caplog.at_level(logging.INFO, logger="qeebm.data.corpus"):
         c = read(flat, max_examples=2)
     assert c.src == ["a", "b"] and "left out 1" in caplog.text
 

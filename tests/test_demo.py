@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from qeebm import demo
+from qeebm.experiments import demo
 from qeebm.errors import QeebmError
 
 

@@ -20,7 +20,7 @@ import torch
 
 from qe_helpers import predict
 
-import qeebm.benchmark as bm
+import qeebm.analysis.benchmark as bm
 from qeebm.config import GenerationConfig, ModelConfig
 from qeebm.errors import QeebmError
 from qeebm.qe.bridge import Bridge
@@ -34,7 +34,7 @@ from qeebm.tinyworld.tokenizers import (
     build_xlmr_tokenizer,
     train_sentencepiece,
 )
-from qeebm.translator import Translator
+from qeebm.translation.translator import Translator
 
 FAMILIES = ["mbart", "nllb"]
 TOL = 1e-5

@@ -14,9 +14,9 @@ import pytest
 from qeebm.cli import main
 from qeebm.config import GenerationConfig, dump_config, load_config
 from qeebm.errors import QeebmError
-from qeebm.cli_evaluate import _parse_judges
-from qeebm.evaluate import MetricSpec, eval_report_path, evaluate_run, evaluate_system, write_eval
-from qeebm.report import read_report
+from qeebm.evaluation.command import _parse_judges
+from qeebm.evaluation.evaluate import MetricSpec, eval_report_path, evaluate_run, evaluate_system, write_eval
+from qeebm.evaluation.report import read_report
 from helpers import no_backoff
 
 BIN = Path(sys.executable).parent
@@ -199,7 +199,7 @@ def test_hub_id_offline_fails_fast_before_translating(micro_world, files, capsys
 
 def test_python_api_with_a_translator_and_write_eval(micro_world, tmp_path):
     from qeebm.config import ModelConfig
-    from qeebm.translator import Translator
+    from qeebm.translation.translator import Translator
 
     translator = Translator.load(ModelConfig(name_or_path=str(micro_world / "nllb-base")))
     test = micro_world / "data" / "test.tsv"
@@ -252,8 +252,8 @@ ZH_HYP, ZH_REF = ["我们今天去公园散步。"], ["我们今天去公园跑�
 def test_bleu_tokenizer_follows_sacrebleus_language_defaults():
     from sacrebleu.metrics.bleu import BLEU
 
-    from qeebm.langcodes import NLLB_CODES
-    from qeebm.report import bleu_tokenizer, sacrebleu_trg_lang
+    from qeebm.utils.langcodes import NLLB_CODES
+    from qeebm.metrics.sacrebleu import bleu_tokenizer, sacrebleu_trg_lang
 
     for code, lang in [("zho_Hans", "zh"), ("zho_Hant", "zh"), ("zh_CN", "zh"), ("yue_Hant", "zh"), ("jpn_Jpan", "ja"),
                        ("ja_XX", "ja"), ("kor_Hang", "ko"), ("ko_KR", "ko"), ("khk_Cyrl", ""), ("de_DE", ""), (None, "")]:
@@ -271,7 +271,7 @@ def test_bleu_tokenizer_follows_sacrebleus_language_defaults():
 def test_a_missing_mecab_is_one_line_naming_the_package(monkeypatch, code, module, requirement):
     import importlib.util
 
-    from qeebm.report import bleu_tokenizer, make_metric
+    from qeebm.metrics.sacrebleu import bleu_tokenizer, make_metric
 
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == module else find_spec(name, *a))
@@ -293,7 +293,7 @@ def test_japanese_and_korean_bleu_equal_sacrebleus_trg_lang_default(code, lang, 
 
     from sacrebleu.metrics.bleu import BLEU
 
-    from qeebm.report import bleu_tokenizer, corpus_from_stats, make_metric, metric_signature, segment_stats
+    from qeebm.metrics.sacrebleu import bleu_tokenizer, corpus_from_stats, make_metric, metric_signature, segment_stats
 
     if importlib.util.find_spec(module) is None:
         pytest.skip(f'needs pip install "sacrebleu[{lang}]"')
@@ -308,8 +308,8 @@ def test_japanese_and_korean_bleu_equal_sacrebleus_trg_lang_default(code, lang, 
 def test_chinese_bleu_uses_sacrebleus_zh_tokenizer(tmp_path):
     from sacrebleu.metrics.bleu import BLEU
 
-    from qeebm.data import write_tsv
-    from qeebm.report import corpus_from_stats, corpus_metrics, segment_stats
+    from qeebm.data.corpus import write_tsv
+    from qeebm.metrics.sacrebleu import corpus_from_stats, corpus_metrics, segment_stats
 
     assert corpus_metrics(ZH_HYP, ZH_REF, "zh")["bleu"] == pytest.approx(100 / 2 ** 0.5, abs=1e-9)
     assert corpus_metrics(ZH_HYP, ZH_REF)["bleu"] == 0.0
@@ -331,7 +331,7 @@ def test_chinese_bleu_uses_sacrebleus_zh_tokenizer(tmp_path):
 
 
 def test_evaluate_command_takes_the_runs_target_language_and_bleu_tokenize(tmp_path):
-    from qeebm.data import write_tsv
+    from qeebm.data.corpus import write_tsv
 
     test = tmp_path / "test.tsv"
     write_tsv(test, ["We are going for a walk in the park today."], ZH_REF)

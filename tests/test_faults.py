@@ -21,12 +21,12 @@ import torch
 
 from ddp_parity import assert_identical, finish, launch_two, make_config, read_metrics
 from test_qe_ebm import ENERGY_ONLY, qe_config, world  # noqa: F401 - world: the tiny world with a Kiwi, a fixture
-from qeebm import checkpoint as ckpt
-from qeebm import integrity
+from qeebm.training import checkpoint as ckpt
+from qeebm.utils import integrity
 from qeebm.cli import main
-from qeebm.step_sampler import StepSampler
+from qeebm.data.step_sampler import StepSampler
 from qeebm.errors import QeebmError
-from qeebm.loop import train
+from qeebm.training.loop import train
 from qeebm.qe.energy import KiwiEnergy
 
 def qe_ebm_config(world, run_dir, *overrides):
@@ -106,7 +106,7 @@ def test_bad_fault_settings_fail_before_loading(world, tmp_path, override, messa
 def test_apply_update_applies_or_skips_without_touching_the_state():
     from accelerate import Accelerator
 
-    from qeebm.backends import APPLIED, NONFINITE, apply_update
+    from qeebm.training.backends import APPLIED, NONFINITE, apply_update
 
     accelerator = Accelerator(cpu=True)
     torch.manual_seed(0)
@@ -204,9 +204,9 @@ def _signal_workers(job: subprocess.Popen, metrics: Path, after: int, sig: int) 
 def signal_in_backward(monkeypatch, n: int, sig: int = signal.SIGTERM) -> list[int]:
     """Raise ``sig`` in the middle of the loop's ``n``-th micro-step of the run (counted from 1, by
     its backward pass); the returned list numbers every micro-step that ran."""
-    import qeebm.loop
+    import qeebm.training.loop
 
-    real = qeebm.loop.backward
+    real = qeebm.training.loop.backward
     ran: list[int] = []
 
     def backward(accelerator, loss):
@@ -215,7 +215,7 @@ def signal_in_backward(monkeypatch, n: int, sig: int = signal.SIGTERM) -> list[i
             signal.raise_signal(sig)
         real(accelerator, loss)
 
-    monkeypatch.setattr(qeebm.loop, "backward", backward)
+    monkeypatch.setattr(qeebm.training.loop, "backward", backward)
     return ran
 
 
@@ -239,13 +239,13 @@ def test_a_signal_stops_the_run_at_the_next_micro_step_and_the_same_command_resu
     gradients with it) and the checkpoint is step 2's; in the last one, the step completes and is
     checkpointed. A LoRA run's checkpoint holds only its adapters. The same config then ends as an
     uninterrupted run, bit for bit (dropout on: the generators are put back too)."""
-    import qeebm.loop
+    import qeebm.training.loop
 
     common = ["optim.grad_accum=4", "optim.max_steps=6", "model.dropout=null", "optim.scheduler=linear",
               "optim.warmup_steps=2", *(LORA if adapters else [])]
     train(make_config(world["base"], tmp_path / "straight", *common))
     before = signal.getsignal(signal.SIGTERM)
-    real = qeebm.loop.backward
+    real = qeebm.training.loop.backward
     ran = signal_in_backward(monkeypatch, 2 * 4 + micro)
     cfg = make_config(world["base"], tmp_path / "run", *common)
     result = train(cfg)
@@ -260,23 +260,23 @@ def test_a_signal_stops_the_run_at_the_next_micro_step_and_the_same_command_resu
     saved = ckpt.load_file(ckpt.step_dir(root, stopped) / "model.pt")
     assert (ckpt.step_dir(root, stopped) / ckpt.BASE).is_file() == adapters
     assert all("lora_" in k for k in saved) == adapters
-    monkeypatch.setattr(qeebm.loop, "backward", real)
+    monkeypatch.setattr(qeebm.training.loop, "backward", real)
     assert train(cfg).step == 6
     assert f"resuming from {ckpt.step_dir(root, stopped)}" in (tmp_path / "run" / "train.log").read_text()
     assert_same_end(tmp_path / "straight", tmp_path / "run", 6)
 
 
 def test_a_signal_in_the_first_step_leaves_a_step_0_checkpoint_that_resumes_exactly(world, tmp_path, monkeypatch):
-    import qeebm.loop
+    import qeebm.training.loop
 
     common = ["optim.grad_accum=2", "optim.max_steps=2", "model.dropout=null"]
     train(make_config(world["base"], tmp_path / "straight", *common))
-    real = qeebm.loop.backward
+    real = qeebm.training.loop.backward
     signal_in_backward(monkeypatch, 1)
     cfg = make_config(world["base"], tmp_path / "run", *common)
     assert train(cfg).step == 0
     assert ckpt.latest_checkpoint(tmp_path / "run" / "checkpoints").name == "step-0000000"
-    monkeypatch.setattr(qeebm.loop, "backward", real)
+    monkeypatch.setattr(qeebm.training.loop, "backward", real)
     assert train(cfg).step == 2
     assert_same_end(tmp_path / "straight", tmp_path / "run", 2)
 
@@ -315,16 +315,16 @@ def test_a_step_left_at_a_micro_step_leaves_no_trace_of_its_method_state(world, 
     """SIGTERM in step 3's micro-step ``micro`` (counted over the step's updates) of a method whose own
     state moves within the step: the run stops at ``stopped``, and resumed it ends as an
     uninterrupted run, the method's state (``method.pt``) included."""
-    import qeebm.loop
+    import qeebm.training.loop
 
     per_step = 8 if method == "ppo" else 2
     common = [*stateful(world, method), "optim.max_steps=4", "output.keep_last=0"]
     train(make_config(world["base"], tmp_path / "straight", *common))
-    real = qeebm.loop.backward
+    real = qeebm.training.loop.backward
     signal_in_backward(monkeypatch, 2 * per_step + micro)
     cfg = make_config(world["base"], tmp_path / "run", *common)
     assert train(cfg).step == stopped
-    monkeypatch.setattr(qeebm.loop, "backward", real)
+    monkeypatch.setattr(qeebm.training.loop, "backward", real)
     assert train(cfg).step == 4
     assert_same_end(tmp_path / "straight", tmp_path / "run", 4, ("model.pt", "optimizer.pt", "scheduler.pt", "method.pt"))
 

@@ -22,9 +22,9 @@ import pytest
 import torch
 
 from qeebm.config import load_config
-from qeebm.demo import CONFIGS, budget, default_systems, run_overrides, tiny_recipe
-from qeebm.loop import train
-from qeebm.runlog import read_metrics
+from qeebm.experiments.demo import CONFIGS, budget, default_systems, run_overrides, tiny_recipe
+from qeebm.training.loop import train
+from qeebm.utils.runlog import read_metrics
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "micro_runs.json"
 STEPS = 3

@@ -1,4 +1,4 @@
-"""qeebm.gradient_bias: the unbiased score-function estimate and the noise-corrected agreement that
+"""qeebm.analysis.gradient_bias: the unbiased score-function estimate and the noise-corrected agreement that
 measure how far QE-EBM's relaxed gradients point where the expected QE score goes."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import torch
 from helpers import tiny_translator_dir
 
 from qeebm.config import GenerationConfig, ModelConfig
-from qeebm.gradient_bias import Draws, agreement, cosine, draw, relaxed_gradient, score_function_gradient
+from qeebm.analysis.gradient_bias import Draws, agreement, cosine, draw, relaxed_gradient, score_function_gradient
 from qeebm.methods.sampling import sample
-from qeebm.rl import policy_logits, sequence_logprobs
-from qeebm.translator import Translator
+from qeebm.methods.rl import policy_logits, sequence_logprobs
+from qeebm.translation.translator import Translator
 
 
 def test_agreement_corrects_the_cosine_for_the_noise_of_both_estimates():
@@ -85,7 +85,7 @@ def test_draw_scores_every_sample_and_the_relaxed_gradient_is_qe_ebms(translator
     from qe_helpers import kiwi_dir
 
     from qeebm.qe.energy import load_energy
-    from qeebm.translator import output_rows
+    from qeebm.translation.translator import output_rows
 
     energy = load_energy(str(kiwi_dir()), translator, freeze=True)
     src = ["the cat sees a dog.", "i am here."]
@@ -116,7 +116,7 @@ def test_signal_to_noise_of_synthetic_estimates():
     # 400 estimates = mu + N(0, sigma^2 I) in 1,000 dimensions: SNR = |mu|^2 / (1000 sigma^2) = 0.25;
     # the estimator is unbiased (corrected cosine 1); one estimate's cosine with the truth is
     # |mu| / sqrt(|mu|^2 + 1000 sigma^2) = sqrt(0.2). A biased estimator (a rotated mean) shows it.
-    from qeebm.gradient_bias import signal_to_noise
+    from qeebm.analysis.gradient_bias import signal_to_noise
 
     g = torch.Generator().manual_seed(0)
     mu = torch.zeros(1000, dtype=torch.float64)
@@ -139,7 +139,7 @@ def test_group_estimates_are_the_training_step_estimators(translator):
     relaxed_gradient; loo-cv at weight 0 is leave-one-out REINFORCE on the same rows."""
     from qe_helpers import kiwi_dir
 
-    from qeebm.gradient_bias import estimate, group_rows, qe_cost
+    from qeebm.analysis.gradient_bias import estimate, group_rows, qe_cost
     from qeebm.qe.energy import load_energy
 
     energy = load_energy(str(kiwi_dir()), translator, freeze=True)

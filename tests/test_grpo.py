@@ -25,14 +25,14 @@ from transformers import AutoModelForSeq2SeqLM
 
 from ddp_parity import final_weights, finish, launch_two, make_config, read_metrics, write_tiny_world_with_mono
 from helpers import tiny_texts, tiny_translator_dir
-from qeebm import rl
+from qeebm.methods import rl
 from qeebm.config import load_config
 from qeebm.errors import QeebmError
-from qeebm.loop import train
+from qeebm.training.loop import train
 from qeebm.methods import common
 from qeebm.methods.base import Batch
 from qeebm.methods.grpo import GRPO, GRPORollout
-from qeebm.translator import Translator
+from qeebm.translation.translator import Translator
 
 FAST = ("method=grpo", "grpo.sampling.max_new_tokens=8", "grpo.sampling.num_samples=3", "optim.max_steps=2")
 
@@ -269,10 +269,10 @@ def test_with_lora_the_reference_is_the_translator_with_its_adapter_disabled(bas
 
 
 def test_the_recipes_and_the_demo_know_it():
-    from qeebm.demo import CONFIGS, default_systems, tiny_recipe
-    from qeebm.evaluate import QE_TRAINED_METHODS
-    from qeebm.pairs import PAIRS
-    from qeebm.recipe import build_plan, parse_args
+    from qeebm.experiments.demo import CONFIGS, default_systems, tiny_recipe
+    from qeebm.evaluation.evaluate import QE_TRAINED_METHODS
+    from qeebm.experiments.pairs import PAIRS
+    from qeebm.experiments.recipe import build_plan, parse_args
 
     assert "grpo" in default_systems() and "grpo" in QE_TRAINED_METHODS  # `qeebm demo --systems all`
     # The tiny recipe borrows REINFORCE's settings until the sweep has tuned its own.

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from qeebm import data_prep, hub
+from qeebm.data import prepare as data_prep
+from qeebm.utils import hub
 from qeebm.errors import QeebmError
 from hub_helpers import GATED, OPEN, online_hub
 
@@ -118,7 +119,7 @@ def test_a_gated_qe_model_is_one_line_naming_the_licence_page(online, monkeypatc
 
 
 def test_a_gated_translator_keeps_the_hub_error():
-    from qeebm.translator import _hub_error
+    from qeebm.translation.translator import _hub_error
 
     # What transformers raises for a gated repository: an OSError whose cause is the hub's error.
     try:

@@ -1,5 +1,5 @@
 """The package as users install it: ``pip install .`` (not editable) carries every module and the
-files it reads (qeebm/resources.py), and the installed ``qeebm`` works from any directory without
+files it reads (qeebm/utils/resources.py), and the installed ``qeebm`` works from any directory without
 the checkout it was built from."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from qeebm import resources
+from qeebm.utils import resources
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -69,7 +69,7 @@ def test_an_installed_package_builds_the_world_and_runs_the_demo_without_the_che
 
     env["PYTHONPATH"] = str(site)
     elsewhere.mkdir()
-    where = _run([sys.executable, "-c", "import qeebm, qeebm.resources as r; print(qeebm.__file__, r.CONFIGS, "
+    where = _run([sys.executable, "-c", "import qeebm, qeebm.utils.resources as r; print(qeebm.__file__, r.CONFIGS, "
                   "r.SHIPPED_QE)"], elsewhere, env).stdout.split()
     assert all(Path(p).is_relative_to(site / "qeebm") and Path(p).exists() for p in where), where
 

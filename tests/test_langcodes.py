@@ -6,7 +6,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 import pytest
 
 from qeebm.errors import QeebmError
-from qeebm.langcodes import MBART50_TO_NLLB, NLLB_CODES, NLLB_TO_MBART50, script_of, to_model_code
+from qeebm.utils.langcodes import MBART50_TO_NLLB, NLLB_CODES, NLLB_TO_MBART50, script_of, to_model_code
 
 MBART50 = (
     "ar_AR cs_CZ de_DE en_XX es_XX et_EE fi_FI fr_XX gu_IN hi_IN it_IT ja_XX kk_KZ ko_KR lt_LT lv_LV "

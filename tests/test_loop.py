@@ -23,9 +23,9 @@ from transformers import AutoModelForSeq2SeqLM
 from ddp_parity import assert_only_adapters_trained, final_weights, make_config, read_metrics, write_tiny_world
 from qeebm.config import dump_config
 from qeebm.errors import QeebmError
-from qeebm.loop import train
+from qeebm.training.loop import train
 from qeebm.methods import METHODS
-from qeebm.translator import Translator
+from qeebm.translation.translator import Translator
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
@@ -158,8 +158,8 @@ def test_unknown_method_names_the_closest(base, tmp_path):
 def test_sft_loss_is_the_per_token_mean_over_the_step(base, tmp_path):
     # Without label smoothing the SFT loss of step 1 is the teacher-forced NLL per target token of
     # that step's 8 pairs, computed here independently of the loop.
-    from qeebm.data import read_corpus
-    from qeebm.step_sampler import StepSampler
+    from qeebm.data.corpus import read_corpus
+    from qeebm.data.step_sampler import StepSampler
 
     cfg = make_config(base, tmp_path / "run", "optim.max_steps=1", "optim.label_smoothing=0.0", "data.dedup=false",
                       "data.max_tokens=0")
@@ -234,7 +234,7 @@ def test_ddp_parity(base, tmp_path):
 
 
 def test_schedule_starts_moving_at_the_first_update():
-    from qeebm.loop import lr_factor
+    from qeebm.training.loop import lr_factor
 
     # 4 warm-up updates of 10: 1/4, 2/4, 3/4, 1, then linear towards 0 without reaching it.
     linear = lr_factor("linear", 4, 10)

@@ -15,14 +15,14 @@ from transformers import AutoModelForSeq2SeqLM
 
 from ddp_parity import final_weights, make_config, read_metrics, write_tiny_world_with_mono
 from helpers import tiny_texts, tiny_translator_dir
-from qeebm import rl
-from qeebm.checkpoint import latest_checkpoint, step_dir
+from qeebm.methods import rl
+from qeebm.training.checkpoint import latest_checkpoint, step_dir
 from qeebm.config import PPOConfig, load_config
-from qeebm.loop import train
+from qeebm.training.loop import train
 from qeebm.methods import common, reinforce
 from qeebm.methods.base import Batch
 from qeebm.methods.ppo import PPO
-from qeebm.translator import Translator
+from qeebm.translation.translator import Translator
 
 FAST = ("method=ppo", "ppo.sampling.max_new_tokens=8", "ppo.minibatches=2", "optim.max_steps=2")
 

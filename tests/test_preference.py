@@ -21,12 +21,12 @@ from qe_helpers import length_scorer  # noqa: F401 (a fixture)
 from ddp_parity import (assert_identical, assert_only_adapters_trained, final_weights, make_config, read_metrics,
                         write_tiny_world_with_mono)
 from helpers import tiny_translator_dir
-from qeebm import checkpoint as ckpt
+from qeebm.training import checkpoint as ckpt
 from qeebm.errors import QeebmError
-from qeebm.loop import count_label_tokens, load_data, load_mono, make_batch, train
+from qeebm.training.loop import count_label_tokens, load_data, load_mono, make_batch, train
 from qeebm.methods import METHODS, common
 from qeebm.methods.preference import GUARDED, TIE, cpo_loss, dpo_loss, pair_logprobs, preference_pair
-from qeebm.translator import Translator
+from qeebm.translation.translator import Translator
 
 SMALL = ["preference.num_candidates=3", "preference.max_new_tokens=8", "data.dev.path="]
 
@@ -165,7 +165,7 @@ def test_dpo_starts_at_log_two_on_logprobs_without_the_language_code(world, tmp_
 
 
 def pair_logprobs_eval(method, p):
-    from qeebm.translator import eval_mode
+    from qeebm.translation.translator import eval_mode
 
     with eval_mode(method.model):
         return pair_logprobs(method.model, p)

@@ -1,4 +1,4 @@
-"""Quality-aware decoding (qeebm/qad.py, ``--rerank`` / ``--mbr``): chrF++ utilities equal to
+"""Quality-aware decoding (qeebm/translation/qad.py, ``--rerank`` / ``--mbr``): chrF++ utilities equal to
 sacrebleu's, MBR and reranking pick what a hand computation picks, one candidate is plain decoding,
 the QE scores are ``qeebm score``'s, and the report names the selection and keeps it out of the
 held-out judges."""
@@ -17,10 +17,18 @@ from sacrebleu.metrics import CHRF
 from qeebm.cli import main
 from qeebm.config import GenerationConfig, ModelConfig, dump_config, load_config
 from qeebm.errors import QeebmError
-from qeebm.decoding import decode_test
-from qeebm.qad import ChrfUtility, Selection, chrf_matrix, decode_and_select, generate_candidates, mbr, rerank
-from qeebm.report import read_report
-from qeebm.translator import Translator
+from qeebm.translation.decoding import decode_test
+from qeebm.translation.qad import (
+    ChrfUtility,
+    Selection,
+    chrf_matrix,
+    decode_and_select,
+    generate_candidates,
+    mbr,
+    rerank,
+)
+from qeebm.evaluation.report import read_report
+from qeebm.translation.translator import Translator
 
 SMALL = GenerationConfig(num_beams=2, max_new_tokens=16, batch_size=8)
 

@@ -1,4 +1,4 @@
-"""``qeebm qe-check`` (qeebm/qe/check.py, qeebm/qe/degrade.py, qeebm/probe.py): its statistics on
+"""``qeebm qe-check`` (qeebm/analysis/qe_check.py, qeebm/qe/degrade.py, qeebm/analysis/probe.py): its statistics on
 hand-made inputs, the degradations in several scripts, the command end to end on tiny models, and
 on the default tiny world what docs/qe-check.md says it finds there."""
 
@@ -13,7 +13,7 @@ import pytest
 from qeebm.cli import main
 from qeebm.errors import QeebmError
 from qeebm.guards import GuardConfig, check, script_share
-from qeebm.qe import check as qc
+from qeebm.analysis import qe_check as qc
 from qeebm.qe.degrade import DEGRADATIONS, degrade_all, doubled, other_script, over_long, repeated_ngram, truncated, units
 
 # The default tiny world's QEs the report must tell apart, by directory under qe/: their place in
@@ -78,7 +78,7 @@ def test_ranking_and_reranking_of_a_perfect_and_a_reversed_qe():
     assert pick["random"] == pytest.approx(25) and pick["qe"] == 15 and pick["oracle"] == 35 and pick["beam"] == 30
     assert pick["share_of_oracle_gain"] == pytest.approx(-1)
     assert qc.reranking(scores([[1, 2, 3], [3, 2, 1]]), quality)["share_of_oracle_gain"] == pytest.approx(1)
-    # ties go to the first sample, as qeebm.qad's reranking
+    # ties go to the first sample, as qeebm.translation.qad's reranking
     assert qc.reranking(scores([[0, 0, 0], [0, 0, 0]]), quality)["qe"] == 25
     assert qc.reference_above_samples(scores([[0, 1, 2], [5, 5, 5]], ref=[1, 6])) == pytest.approx(4 / 6)
 
@@ -223,7 +223,7 @@ def test_guard_coverage_and_the_verdict_name_what_is_open():
 
 
 def test_the_probe_summary_of_a_hand_made_log():
-    from qeebm.probe import summarise
+    from qeebm.analysis.probe import summarise
 
     scores, lengths = [0.2, 0.1, 0.3, 0.5, 0.4, 0.9, 0.1], [1.0, 1.0, 2.0, 4.0, 3.0, 2.0, 1.5]
     records = [{"step": t, "qe-ebm/sample_score": q, "qe-ebm/len_ratio": n}
@@ -243,7 +243,7 @@ def test_the_probe_summary_of_a_hand_made_log():
 
 def test_qe_only_overrides_turn_off_everything_but_the_qe():
     from qeebm.config import load_config
-    from qeebm.probe import qe_only_overrides
+    from qeebm.analysis.probe import qe_only_overrides
 
     cfg = load_config(overrides=qe_only_overrides("qe-ebm", 4) + qe_only_overrides("reinforce", 4)
                       + qe_only_overrides("ppo", 4))
@@ -343,11 +343,11 @@ def measured(world):
     """Every QE of TINY_QES measured on the same candidates of the base translator, as the command
     measures one: against chrF++ and the world's reference-based COMET."""
     from qeebm.config import CorpusConfig, ModelConfig
-    from qeebm.data import read_corpus
+    from qeebm.data.corpus import read_corpus
     from qeebm.qe.models import load_qe
     from qeebm.qe.scoring import QEScorer
     from qeebm.tinyworld.judged import quality
-    from qeebm.translator import Translator
+    from qeebm.translation.translator import Translator
 
     dev = read_corpus(CorpusConfig(path=str(world / "data/dev.tsv"), max_examples=DEV_SENTENCES), "dev", True)
     translator = Translator.load(ModelConfig(name_or_path=str(world / "nllb-base")))
@@ -421,7 +421,7 @@ def test_blind_spots_agree_with_the_worlds_qe_report_on_the_same_rows(world):
     blind-spot code on the same held-out references and the same degenerate copies; qe-check's own
     "doubled" is the report's run-on copy."""
     from qeebm.config import CorpusConfig
-    from qeebm.data import read_corpus
+    from qeebm.data.corpus import read_corpus
     from qeebm.qe.models import load_qe
     from qeebm.qe.scoring import QEScorer
     from qeebm.tinyworld.judged import degenerate_probes

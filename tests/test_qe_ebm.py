@@ -18,17 +18,17 @@ from accelerate.utils import set_seed
 from ddp_parity import assert_identical, final_weights, make_config, read_metrics, write_tiny_world
 from helpers import tiny_texts, tiny_translator_dir, tokenizer_dir
 import qeebm.qe.bridge
-from qeebm import checkpoint as ckpt
+from qeebm.training import checkpoint as ckpt
 from qeebm.config import QeEbmConfig
-from qeebm.data import write_lines
+from qeebm.data.corpus import write_lines
 from qeebm.errors import QeebmError
-from qeebm.loop import count_label_tokens, load_data, load_mono, make_batch, train
+from qeebm.training.loop import count_label_tokens, load_data, load_mono, make_batch, train
 from qeebm.methods import METHODS
-from qeebm.diagnostics import term_gradient_stats
+from qeebm.methods.diagnostics import term_gradient_stats
 from qeebm.methods.qe_ebm import schedule
 from qeebm.methods.sampling import sample
-from qeebm.rl import sequence_logprobs
-from qeebm.translator import Translator
+from qeebm.methods.rl import sequence_logprobs
+from qeebm.translation.translator import Translator
 
 # Few, short samples: the tests need the paths to run, not good translations.
 SMALL = ["qe_ebm.sampling.num_samples=2", "qe_ebm.sampling.max_new_tokens=8", "data.dev.path="]
@@ -546,7 +546,7 @@ from pathlib import Path
 import torch
 
 from qeebm.config import load_config
-from qeebm.loop import train
+from qeebm.training.loop import train
 from qeebm.methods.qe_ebm import QeEbm
 
 original = QeEbm.before_step
@@ -627,7 +627,7 @@ def test_validation_scores_with_the_static_qe_it_already_holds(world, tmp_path, 
     """QE-static's validation Kiwi is the energy's own QE object, not a second load of the same
     weights; QE-dynamic's QE changes, so its validation loads the checkpoint."""
     import qeebm.qe.models
-    from qeebm.loop import ValidationScorers
+    from qeebm.training.loop import ValidationScorers
 
     cfg = qe_config(world, tmp_path / "run", "eval.qe_metrics=[kiwi]")
     _, method, _ = build(cfg)

@@ -15,14 +15,14 @@ from transformers import AutoModelForSeq2SeqLM
 
 from qe_helpers import length_scorer  # noqa: F401 (a fixture)
 from ddp_parity import assert_identical, make_config, read_metrics, write_tiny_world_with_mono
-from qeebm import checkpoint as ckpt
+from qeebm.training import checkpoint as ckpt
 from qeebm.config import GenerationConfig
-from qeebm.data import write_tsv
+from qeebm.data.corpus import write_tsv
 from qeebm.errors import QeebmError
-from qeebm.loop import count_label_tokens, load_data, load_mono, make_batch, train
+from qeebm.training.loop import count_label_tokens, load_data, load_mono, make_batch, train
 from qeebm.methods import METHODS, common
-from qeebm.qad import generate_candidates
-from qeebm.translator import Translator
+from qeebm.translation.qad import generate_candidates
+from qeebm.translation.translator import Translator
 
 SMALL = ["method=qe-finetune", "qe_finetune.num_candidates=3", "qe_finetune.max_new_tokens=8", "data.dev.path="]
 

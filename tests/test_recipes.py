@@ -17,12 +17,22 @@ from pathlib import Path
 import pytest
 import yaml
 
-from qeebm import data_prep
+from qeebm.data import prepare as data_prep
 from qeebm.config import load_config
-from qeebm.data_prep import HubCorpus, carve, iwslt2017, opus100, pairs_from_rows, split_train, ted_multi
+from qeebm.data.prepare import HubCorpus, carve, iwslt2017, opus100, pairs_from_rows, split_train, ted_multi
 from qeebm.errors import QeebmError
-from qeebm.pairs import PAIRS
-from qeebm.recipe import BASH_LAUNCH, KNOWN_SYSTEMS, METRICS, SYSTEMS, Recipe, build_plan, format_plan, main, parse_args
+from qeebm.experiments.pairs import PAIRS
+from qeebm.experiments.recipe import (
+    BASH_LAUNCH,
+    KNOWN_SYSTEMS,
+    METRICS,
+    SYSTEMS,
+    Recipe,
+    build_plan,
+    format_plan,
+    main,
+    parse_args,
+)
 from helpers import no_backoff
 
 REPO = Path(__file__).resolve().parent.parent
@@ -83,12 +93,12 @@ def test_every_recipe_dry_run_prints_its_plan(pair, tmp_path):
     # Each run's disk, counted from mBART-50's architecture: three merged directories of 2.44 GB
     # and two adapter-only checkpoints; the plan's total sums all 18 runs.
     assert text.count("       disk: 7.3 GB in 3 model directories, 2 checkpoint(s) of ") == 18
-    assert "disk, computed from the plan (fp32, qeebm/disk.py): 132 GB of model directories" in text
+    assert "disk, computed from the plan (fp32, qeebm/experiments/disk.py): 132 GB of model directories" in text
     assert not out.exists(), "a dry run must not write anything"
 
 
 def test_one_launcher_serves_every_pair_by_its_name(tmp_path):
-    from qeebm.pairs import GENERIC
+    from qeebm.experiments.pairs import GENERIC
 
     # Every recipes/<pair>.sh is the launcher under another name, and the table holds exactly those.
     links = {p.name.removesuffix(".sh") for p in RECIPES.glob("*.sh") if p.is_symlink()}
@@ -210,7 +220,7 @@ def test_process_counts_that_do_not_split_are_refused_with_a_fix_that_works(worl
 
 
 def test_ppo_micro_batches_too_small_for_its_minibatches_stop_at_the_start(tmp_path):
-    from qeebm.loop import check_batch_split
+    from qeebm.training.loop import check_batch_split
 
     cfg = load_config(RECIPES / "configs" / "real" / "ppo.yaml")
     check_batch_split(cfg, 4, 1)  # 5 sources per process, 5 minibatches of 1
@@ -397,7 +407,7 @@ def test_launches_the_gpus_take_and_cpu_launches_pass(monkeypatch, capsys, tmp_p
 
 def worker_refusal(monkeypatch, **env) -> str:
     """What a launch's workers say, under the variables accelerate gives them."""
-    from qeebm.backends import check_backend_request
+    from qeebm.training.backends import check_backend_request
 
     with monkeypatch.context() as m:
         for key, value in env.items():
@@ -426,7 +436,7 @@ def test_check_refuses_the_backend_of_the_accelerate_config_as_the_workers_do(mo
 def test_bash_refuses_a_refused_backend_before_it_starts_accelerate(monkeypatch, capfd, tmp_path):
     # --check and the plan's check before a launch, each in a process of its own, see the config
     # `bash` launches with, and say what its workers would.
-    import qeebm.recipe
+    import qeebm.experiments.recipe
 
     fsdp = worker_refusal(monkeypatch, ACCELERATE_USE_FSDP="true")
     args = ["--seeds", "1", "--systems", "sft", "--out", str(tmp_path / "out")]
@@ -434,14 +444,14 @@ def test_bash_refuses_a_refused_backend_before_it_starts_accelerate(monkeypatch,
                 "--accelerate-config", str(ACCELERATE / "fsdp.yaml")], timeout=60)
     assert (proc.returncode, proc.stdout, proc.stderr.strip()) == (2, "", fsdp)
     launched = []
-    monkeypatch.setattr(qeebm.recipe, "supervise", lambda cmd, script: launched.append(cmd) or 0)
+    monkeypatch.setattr(qeebm.experiments.recipe, "supervise", lambda cmd, script: launched.append(cmd) or 0)
     monkeypatch.setenv(BASH_LAUNCH, "")  # relaunch sets it: restored (unset) after the test
     script = str(RECIPES / "en-mn.sh")
     capfd.readouterr()
-    assert qeebm.recipe.relaunch(script, [*args, "--accelerate-config", str(ACCELERATE / "fsdp.yaml")]) == 2
+    assert qeebm.experiments.recipe.relaunch(script, [*args, "--accelerate-config", str(ACCELERATE / "fsdp.yaml")]) == 2
     assert capfd.readouterr().err.strip() == fsdp and launched == []
     zero2 = with_processes(tmp_path, ACCELERATE / "deepspeed_zero2.yaml", 1)  # one process: any GPU count
-    assert qeebm.recipe.relaunch(script, [*args, "--accelerate-config", str(zero2)]) == 0
+    assert qeebm.experiments.recipe.relaunch(script, [*args, "--accelerate-config", str(zero2)]) == 0
     assert len(launched) == 1 and launched[0][3:5] == ["--config_file", str(zero2)]
 
 
@@ -496,10 +506,10 @@ def test_check_fails_in_seconds_naming_every_gated_model(monkeypatch, tmp_path, 
 def test_a_run_checks_access_to_its_evaluation_models_before_training(micro_world, tmp_path, monkeypatch, capsys,
                                                                       quiet_qeebm_logger):
     """An evaluation model the hub will not give (here: not cached, offline) stops the run at once."""
-    import qeebm.recipe
-    from qeebm.evaluate import MetricSpec
+    import qeebm.experiments.recipe
+    from qeebm.evaluation.evaluate import MetricSpec
 
-    monkeypatch.setattr(qeebm.recipe, "metric_spec",
+    monkeypatch.setattr(qeebm.experiments.recipe.Plan, "metric_spec",
                         lambda plan: MetricSpec.tinyworld(plan.tiny, xcomet="Unbabel/XCOMET-XL"))
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "empty-cache"))
     out = tmp_path / "out"
@@ -615,7 +625,7 @@ def check_recipe_command(command: str) -> None:
 
     from accelerate.commands.launch import launch_command_parser
 
-    from qeebm.pairs import GENERIC, any_pair
+    from qeebm.experiments.pairs import GENERIC, any_pair
 
     tokens = [PLACEHOLDERS.get(t, t) for t in shlex.split(command.replace("[", "").replace("]", ""), comments=True)
               if t not in ("...", "&")]
@@ -679,7 +689,7 @@ def test_real_configs_load_and_name_their_system():
 
 
 def test_training_doc_says_what_the_sft_config_selects_on_and_how_to_select_on_chrf():
-    from qeebm.loop import validation_qe_metrics
+    from qeebm.training.loop import validation_qe_metrics
 
     doc = (REPO / "docs" / "training.md").read_text(encoding="utf-8")
     sft = RECIPES / "configs" / "real" / "sft.yaml"
@@ -706,9 +716,10 @@ def test_accelerate_configs_parse():
 
 
 def test_dry_run_metric_names_are_the_evaluation_defaults():
-    from qeebm.evaluate import DEFAULT_QE_MODELS
+    from qeebm.evaluation.evaluate import MetricSpec
 
-    assert METRICS == DEFAULT_QE_MODELS
+    spec = MetricSpec()
+    assert METRICS == {"comet": spec.comet, "kiwi": spec.kiwi, "xcomet": spec.xcomet}
 
 
 # ----------------------------------------------------------------------------------------------

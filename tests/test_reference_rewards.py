@@ -14,12 +14,12 @@ from sacrebleu.metrics import CHRF
 from ddp_parity import make_config, read_metrics, write_tiny_world
 from helpers import tiny_texts, tokenizer_dir
 
-from qeebm.data import write_lines, write_tsv
+from qeebm.data.corpus import write_lines, write_tsv
 from qeebm.errors import QeebmError
-from qeebm.loop import count_label_tokens, load_data, load_mono, make_batch, train
+from qeebm.training.loop import count_label_tokens, load_data, load_mono, make_batch, train
 from qeebm.methods import METHODS, common
-from qeebm.qad import ChrfScorer
-from qeebm.translator import Translator
+from qeebm.translation.qad import ChrfScorer
+from qeebm.translation.translator import Translator
 
 SMALL = {"reinforce": ["reinforce.sampling.num_samples=2", "reinforce.sampling.max_new_tokens=8"],
          "ppo": ["ppo.sampling.max_new_tokens=8", "ppo.minibatches=2"],

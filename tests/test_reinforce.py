@@ -13,13 +13,13 @@ from transformers import AutoModelForSeq2SeqLM
 
 from ddp_parity import make_config, read_metrics, write_tiny_world_with_mono
 from helpers import tiny_texts, tiny_translator_dir
-from qeebm.checkpoint import latest_checkpoint
-from qeebm.loop import train
+from qeebm.training.checkpoint import latest_checkpoint
+from qeebm.training.loop import train
 from qeebm.methods import common, reinforce
 from qeebm.methods.reinforce import Reinforce, ReinforceRollout
-from qeebm import rl
-from qeebm.rl import RunningMeanBaseline
-from qeebm.translator import Translator
+from qeebm.methods import rl
+from qeebm.methods.rl import RunningMeanBaseline
+from qeebm.translation.translator import Translator
 
 # Short samples and few of them: the tests are about plumbing, not learning.
 FAST = ("reinforce.sampling.max_new_tokens=8", "reinforce.sampling.num_samples=2", "optim.max_steps=2")

@@ -16,12 +16,12 @@ from ddp_parity import make_config, read_metrics, write_tiny_world
 from helpers import tiny_texts
 from qe_helpers import comet_dir, kiwi_dir
 
-from qeebm.data import write_lines, write_tsv
+from qeebm.data.corpus import write_lines, write_tsv
 from qeebm.errors import QeebmError
-from qeebm.loop import count_label_tokens, load_data, load_mono, make_batch, train
+from qeebm.training.loop import count_label_tokens, load_data, load_mono, make_batch, train
 from qeebm.methods import METHODS, common
-from qeebm.qad import ChrfScorer
-from qeebm.report import FORMAT, validate_report
+from qeebm.translation.qad import ChrfScorer
+from qeebm.evaluation.report import FORMAT, validate_report
 
 SMALL = {"reinforce": ["reinforce.sampling.num_samples=2", "reinforce.sampling.max_new_tokens=8"],
          "grpo": ["grpo.sampling.num_samples=2", "grpo.sampling.max_new_tokens=8"],
@@ -53,7 +53,7 @@ def config(world, tmp_path, method: str, *overrides: str, pool: str = "pool"):
 
 def build(cfg):
     """Translator, method and one micro-batch of 4 labelled + 4 pool sentences, as the loop builds them."""
-    from qeebm.translator import Translator
+    from qeebm.translation.translator import Translator
 
     set_seed(cfg.seed)
     tr = Translator.load(cfg.model)
@@ -153,7 +153,7 @@ def test_two_steps_log_every_term(world, tmp_path, method, score):
     if method == "reinforce":
         # ... and the run's evaluation report records them.
         from qeebm.config import GenerationConfig
-        from qeebm.evaluate import MetricSpec, evaluate_run
+        from qeebm.evaluation.evaluate import MetricSpec, evaluate_run
 
         spec = MetricSpec(comet=str(world["comet"]), kiwi=str(world["kiwi"]), xcomet=None, judges={})
         report, _ = evaluate_run(tmp_path, test=_test_set(tmp_path, world), metrics=spec,
@@ -211,7 +211,7 @@ def test_qe_finetune_reranks_by_a_reference_based_qe_path_against_the_pools_refe
 
 def test_the_report_records_every_term_and_leaves_them_out_of_the_heldout_judges(world, tmp_path):
     from qeebm.config import to_dict
-    from qeebm.evaluate import MetricSpec, evaluate_system, infer_reward_terms, infer_trained_on
+    from qeebm.evaluation.evaluate import MetricSpec, evaluate_system, infer_reward_terms, infer_trained_on
 
     spec = MetricSpec(comet=str(world["comet"]), kiwi=str(world["kiwi"]), xcomet=None, judges={})
     cfg = to_dict(config(world, tmp_path, "reinforce", terms(("k", world["kiwi"], 0.5), ("c", "chrf", 2.0))))
@@ -244,7 +244,7 @@ def _report(system, hyp, ref, trained_on=None, heldout=(), **scores) -> dict:
 
 
 def test_compare_counts_every_trained_term_as_a_training_qe():
-    from qeebm.compare import Entry, compare
+    from qeebm.evaluation.compare import Entry, compare
 
     def entries(*reports):
         return [Entry(Path(f"runs/{r['system']}/eval/test.json"), validate_report(r)) for r in reports]

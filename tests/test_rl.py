@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from qeebm.rl import (
+from qeebm.methods.rl import (
     AdaptiveKLController,
     FixedKLController,
     RunningMeanBaseline,

@@ -3,7 +3,7 @@ import json
 import pytest
 
 from qeebm.errors import QeebmError
-from qeebm.runlog import best_validation, read_metrics, validations
+from qeebm.utils.runlog import best_validation, read_metrics, validations
 
 
 def write_log(run_dir, rows):

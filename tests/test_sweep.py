@@ -31,7 +31,7 @@ def test_every_other_method_gets_the_same_budget_at_sfts_learning_rates(name):
 
 def test_ppo_also_gets_those_rates_per_optimiser_update():
     from qeebm.config import load_config
-    from qeebm.demo import CONFIGS, budget, run_overrides, tiny_recipe
+    from qeebm.experiments.demo import CONFIGS, budget, run_overrides, tiny_recipe
 
     # The demo's PPO makes epochs x minibatches updates per step: the factor the extra rates use.
     cfg = load_config(CONFIGS / tiny_recipe("ppo"), [o for o in run_overrides("ppo", Path("w"), Path("r"), budget(False), 42,
@@ -42,7 +42,7 @@ def test_ppo_also_gets_those_rates_per_optimiser_update():
 
 
 def test_every_system_but_sft_has_a_knob():
-    from qeebm.demo import default_systems
+    from qeebm.experiments.demo import default_systems
 
     assert set(default_systems()) - {"sft"} <= set(sweep.KNOBS)
 
@@ -56,7 +56,7 @@ def test_the_positive_control_gets_its_methods_grid():
 @pytest.mark.parametrize("name", [n for n in sweep.KNOBS])
 def test_every_knob_is_a_key_of_its_methods_recipe(name):
     from qeebm.config import load_config
-    from qeebm.demo import CONFIGS, tiny_recipe
+    from qeebm.experiments.demo import CONFIGS, tiny_recipe
 
     knob, values, _ = sweep.KNOBS[name]
     cfg = load_config(CONFIGS / tiny_recipe(name), [f"{knob}={values[-1]:g}"])

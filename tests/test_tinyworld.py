@@ -3,10 +3,11 @@ import json
 import pytest
 
 from qeebm.config import CorpusConfig
-from qeebm.data import read_corpus
+from qeebm.data.corpus import read_corpus
 from qeebm.errors import QeebmError
 from qeebm.qe.heldout import read_judged
-from qeebm.tinyworld.build import SIZES, build, is_built, write_data
+from qeebm.tinyworld.world import SIZES, is_built
+from qeebm.tinyworld.build import build, write_data
 
 
 def manifest_heldout(world) -> int:
@@ -87,7 +88,7 @@ def test_the_first_qes_keep_their_records_when_the_top_range_stage_runs_again():
 def test_a_micro_world_runs_its_stage_workers_in_this_process_as_a_pool_would():
     import torch
 
-    from qeebm.tinyworld.build import InlineExecutor, stage_pool
+    from qeebm.tinyworld.world import InlineExecutor, stage_pool
 
     assert isinstance(stage_pool(SIZES["micro"], 2), InlineExecutor) and not SIZES["default"].in_process
     before = torch.get_num_threads()
@@ -199,7 +200,8 @@ def test_a_finished_build_is_not_redone(micro_world):
 def test_shipped_qes_are_copied_only_into_a_world_built_from_their_inputs(micro_world, tmp_path):
     from qeebm.qe.models import load_qe
     from qeebm.qe.scoring import QEScorer
-    from qeebm.tinyworld.build import export_qe, hash_tree, shipped_qe_matches
+    from qeebm.tinyworld.build import export_qe, shipped_qe_matches
+    from qeebm.tinyworld.world import hash_tree
 
     shipped = export_qe(micro_world, tmp_path / "shipped")
     # Weights and settings only: the tokenizer is the world's own.
@@ -234,7 +236,8 @@ def test_shipped_qes_are_copied_only_into_a_world_built_from_their_inputs(micro_
 def test_the_shipped_qes_were_built_from_this_codes_data_and_tokenizers(tmp_path):
     # The default world's data and tokenizers take seconds to make; the bases (also in the QEs'
     # inputs digest) minutes, so they are checked by every default build instead (copy_shipped_qe).
-    from qeebm.tinyworld.build import SHIPPED_QE, hash_tree, write_tokenizers
+    from qeebm.tinyworld.build import SHIPPED_QE, write_tokenizers
+    from qeebm.tinyworld.world import hash_tree
 
     source = json.loads((SHIPPED_QE / "source.json").read_text())
     spec = SIZES["default"]

@@ -11,7 +11,7 @@ import torch
 from helpers import make_tiny_translator_dir, tiny_translator_dir
 from qeebm.config import GenerationConfig, LoraConfig, ModelConfig
 from qeebm.errors import QeebmError
-from qeebm.translator import Translator, output_rows, translate_file
+from qeebm.translation.translator import Translator, output_rows, translate_file
 
 FAMILIES = ["nllb", "mbart"]
 SRC = ["the cat sees 12 dogs.", "муур хот", "a big red house and a small river today!"]
@@ -303,7 +303,7 @@ def test_teacher_forcing_starts_every_row_at_the_decoder_start_even_with_a_liter
 def test_nucleus_keeps_what_transformers_top_p_keeps():
     from transformers import TopPLogitsWarper
 
-    from qeebm.translator import _Nucleus
+    from qeebm.translation.translator import _Nucleus
 
     torch.manual_seed(0)
     # Peaked rows (the nucleus is a few tokens) and flat ones (more than the 256 entries searched).
@@ -321,7 +321,7 @@ def test_nucleus_leaves_finished_rows_and_no_other_sample_changes():
     """A row that has emitted </s> is left unfiltered (generate pads it whatever is drawn); the
     other rows are filtered exactly, and a row's draw does not depend on the other rows'
     probabilities, so skipping changes no live row's sample."""
-    from qeebm.translator import _Draw, _Nucleus
+    from qeebm.translation.translator import _Draw, _Nucleus
 
     torch.manual_seed(0)
     eos = 2
@@ -342,7 +342,7 @@ def test_nucleus_leaves_finished_rows_and_no_other_sample_changes():
 
 
 def test_draw_samples_the_softmax_and_never_a_removed_token():
-    from qeebm.translator import _Draw
+    from qeebm.translation.translator import _Draw
 
     probs = torch.tensor([0.5, 0.0, 0.3, 0.15, 0.05, 0.0])
     scores = probs.log().expand(40_000, -1).contiguous()  # log 0 = -inf: removed tokens
@@ -360,7 +360,7 @@ def test_blocked_inverse_cdf_is_the_whole_row_search(monkeypatch):
     """The two-level search draws what a search of the whole row's float64 cumulative sum draws from
     the same uniforms: rows with removed tokens, empty blocks, all the mass in the short last block,
     and a vocabulary that is not a multiple of the block."""
-    from qeebm.translator import _DRAW_BLOCK, inverse_cdf
+    from qeebm.translation.translator import _DRAW_BLOCK, inverse_cdf
 
     g = torch.Generator().manual_seed(0)
     v = 5 * _DRAW_BLOCK + 7
@@ -408,7 +408,7 @@ def test_inverse_cdf_sampling_is_transformers_sampling_with_that_draw(family, se
     torch.manual_seed(3)
     a = tr.generate_ids(enc["input_ids"], enc["attention_mask"], ours, num_return_sequences=4)
 
-    from qeebm.translator import inverse_cdf
+    from qeebm.translation.translator import inverse_cdf
 
     monkeypatch.setattr(gen_utils.torch, "multinomial", lambda probs, num_samples: inverse_cdf(probs))
     torch.manual_seed(3)

@@ -16,7 +16,7 @@ from transformers import AutoModelForSeq2SeqLM
 from ddp_parity import make_config, write_tiny_world_with_mono
 from helpers import tokenizer_dir
 from qeebm.errors import QeebmError
-from qeebm.loop import train
+from qeebm.training.loop import train
 
 
 @pytest.fixture(scope="module")
@@ -67,10 +67,10 @@ def test_kiwi_selects_the_best_checkpoint_and_stops_early(world, tmp_path):
 
 def test_qe_validation_metric_is_the_mean_qe_score_of_the_dev_outputs(world, tmp_path):
     from qeebm.config import GenerationConfig
-    from qeebm.data import read_corpus
+    from qeebm.data.corpus import read_corpus
     from qeebm.qe.models import load_qe
     from qeebm.qe.scoring import QEScorer
-    from qeebm.translator import Translator
+    from qeebm.translation.translator import Translator
 
     run = tmp_path / "run"
     cfg = make_config(world["base"], run, f"qe.path={world['kiwi']}", "eval.qe_metrics=[kiwi]", "optim.max_steps=1")
@@ -114,7 +114,7 @@ def test_gradient_diagnostics_are_logged(world, tmp_path, method):
 
 def test_budget_in_epochs_of_the_labelled_pairs():
     from qeebm.config import load_config
-    from qeebm.loop import Budget
+    from qeebm.training.loop import Budget
 
     def budget(*overrides, n=300):
         return Budget.of(load_config(None, ["optim.batch_size=16", *overrides]), n)
@@ -169,11 +169,11 @@ def test_epoch_budget_validates_every_epoch_and_stops_early_not_before_min_epoch
 
 
 def test_validation_bleu_is_tokenized_for_the_target_language(world, tmp_path, monkeypatch):
-    import qeebm.loop
+    import qeebm.training.loop
 
     seen = []
-    real = qeebm.loop.corpus_metrics
-    monkeypatch.setattr(qeebm.loop, "corpus_metrics", lambda hyps, refs, tok=None: seen.append(tok) or real(hyps, refs, tok))
+    real = qeebm.training.loop.corpus_metrics
+    monkeypatch.setattr(qeebm.training.loop, "corpus_metrics", lambda hyps, refs, tok=None: seen.append(tok) or real(hyps, refs, tok))
     for i, extra in enumerate([[], ["eval.bleu_tokenize=char"], ["model.tgt_lang=eng_Latn"]]):
         train(make_config(world["base"], tmp_path / f"run{i}", "model.tgt_lang=zho_Hans", "optim.max_steps=1", *extra))
     assert seen == ["zh", "char", "13a"]

@@ -81,6 +81,11 @@ class Method(Protocol):
     """
 
     name: str = "?"
+    #: its settings' section in the config (``Config.<section>``), or None
+    section: str | None = None
+    #: its reward or energy is the QE of ``qe.path`` (or ``reward.terms``): the report records it as
+    #: the training QE, and compare flags a gain on it alone as possible reward hacking
+    trained_on_qe: bool = True
     #: the loop reads ``data.mono`` and fills ``Batch.mono`` / ``Batch.global_mono``
     needs_mono: bool = False
     #: the loop also reads the pool's references and fills ``Batch.mono_ref`` (set by a method whose

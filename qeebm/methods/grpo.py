@@ -34,8 +34,8 @@ from qeebm.methods.base import Batch, Method, StepOutput
 from qeebm.methods.common import (InitialPolicy, QEReward, check_static_qe, label_smoothed_ce, mono_references,
                                   step_rewards)
 from qeebm.methods.sampling import Samples, mono_sources, replay, sample, sampling_config
-from qeebm.rl import group_advantages, grpo_loss
-from qeebm.translator import eval_mode
+from qeebm.methods.rl import group_advantages, grpo_loss
+from qeebm.translation.translator import eval_mode
 
 
 @dataclass
@@ -70,6 +70,7 @@ class GRPORollout:
 
 class GRPO(Method):
     name = "grpo"
+    section = "grpo"
     needs_mono = True
 
     @classmethod

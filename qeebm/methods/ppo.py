@@ -46,7 +46,7 @@ from qeebm.methods.base import Batch, Method, StepOutput
 from qeebm.methods.common import (InitialPolicy, QEReward, check_static_qe, label_smoothed_ce, mono_references,
                                   step_rewards)
 from qeebm.methods.sampling import Samples, mono_sources, replay, sample, sampling_config
-from qeebm.rl import (
+from qeebm.methods.rl import (
     AdaptiveKLController,
     FixedKLController,
     explained_variance,
@@ -59,7 +59,7 @@ from qeebm.rl import (
     value_moments,
     whiten,
 )
-from qeebm.translator import eval_mode
+from qeebm.translation.translator import eval_mode
 
 
 @dataclass
@@ -114,6 +114,7 @@ class PPOMinibatch:
 
 class PPO(Method):
     name = "ppo"
+    section = "ppo"
     needs_mono = True
 
     @classmethod

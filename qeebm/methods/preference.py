@@ -50,9 +50,9 @@ from qeebm.guards import GuardResult, hit_rates
 from qeebm.methods.base import Batch, Method, StepOutput
 from qeebm.methods.common import InitialPolicy, QEReward, Teacher, check_static_qe, label_smoothed_ce
 from qeebm.methods.sampling import mono_sources
-from qeebm.qad import candidate_generation
-from qeebm.rl import sequence_logprobs
-from qeebm.translator import eval_mode
+from qeebm.translation.qad import candidate_generation
+from qeebm.methods.rl import sequence_logprobs
+from qeebm.translation.translator import eval_mode
 
 # Why a source yields no pair.
 GUARDED, TIE = "guarded", "tie"
@@ -162,6 +162,7 @@ class Preference(Method):
     """What DPO and CPO share; a subclass names itself, says whether it needs the reference model
     and gives the loss (``pair_loss``)."""
 
+    section = "preference"
     uses_reference = False
     default_nll_weight = 0.0
 

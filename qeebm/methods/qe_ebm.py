@@ -49,7 +49,7 @@ import torch
 import torch.nn.functional as F
 
 from qeebm.config import Config, QeEbmConfig
-from qeebm.diagnostics import grad_dot, grad_norm, gradient_stats, term_gradients, with_known_gradient
+from qeebm.methods.diagnostics import grad_dot, grad_norm, gradient_stats, term_gradients, with_known_gradient
 from qeebm.errors import QeebmError
 from qeebm.guards import check, hit_rates
 from qeebm.methods.base import Batch, Method, StepOutput
@@ -59,8 +59,8 @@ from qeebm.methods.sampling import mono_sources, sample, sampling_config
 from qeebm.qe.dynamic import DynamicQE, heldout_path
 from qeebm.qe.dynamic import check_config as check_qe_config
 from qeebm.qe.energy import load_energy
-from qeebm.rl import policy_logits, sequence_logprobs
-from qeebm.translator import eval_mode, output_rows
+from qeebm.methods.rl import policy_logits, sequence_logprobs
+from qeebm.translation.translator import eval_mode, output_rows
 
 if TYPE_CHECKING:
     from qeebm.qe.bridge import Alignment
@@ -139,6 +139,7 @@ class QeEbmRollout:
 
 class QeEbm(Method):
     name = "qe-ebm"
+    section = "qe_ebm"
     needs_mono = True
 
     def __init__(self, cfg: Config, translator, model: torch.nn.Module):

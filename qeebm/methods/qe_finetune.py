@@ -8,7 +8,7 @@ backpropagating through the QE better than distilling its choices?"). Per optimi
    which makes the pseudo-targets the paper's offline QE-finetuning data;
 2. (``rollout``) the teacher translates each source-only sentence of the batch into N candidates
    (beam N-best or samples) and the best is kept: by the reward-based methods' reward, the QE at
-   ``qe.path`` or ``reward.terms`` (rerank), or by MBR (qeebm/qad.py, the same selection
+   ``qe.path`` or ``reward.terms`` (rerank), or by MBR (qeebm/translation/qad.py, the same selection
    ``qeebm evaluate --rerank/--mbr`` makes);
 3. (``finish_rollouts``) the selected targets' token count over the whole step, the normaliser of
    their token-mean CE;
@@ -32,7 +32,7 @@ from qeebm.methods import common
 from qeebm.methods.base import Batch, Method, StepOutput
 from qeebm.methods.common import Teacher, label_smoothed_ce
 from qeebm.methods.sampling import mono_sources
-from qeebm.qad import CHRF, Choice, Selection, choose_best
+from qeebm.translation.qad import CHRF, Choice, Selection, choose_best
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +54,7 @@ class QeFinetuneRollout:
 
 class QeFinetune(Method):
     name = "qe-finetune"
+    section = "qe_finetune"
     needs_mono = True
 
     @classmethod

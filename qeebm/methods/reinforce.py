@@ -31,13 +31,8 @@ from qeebm.guards import GuardResult, hit_rates
 from qeebm.methods.base import Batch, Method, StepOutput
 from qeebm.methods.common import QEReward, check_static_qe, label_smoothed_ce, mono_references, step_rewards
 from qeebm.methods.sampling import Samples, mono_sources, replay, sample, sampling_config
-from qeebm.rl import (
-    RunningMeanBaseline,
-    normalise_rewards,
-    policy_gradient_loss,
-    rloo_baseline,
-)
-from qeebm.translator import eval_mode
+from qeebm.methods.rl import RunningMeanBaseline, normalise_rewards, policy_gradient_loss, rloo_baseline
+from qeebm.translation.translator import eval_mode
 
 
 @dataclass
@@ -66,6 +61,7 @@ class ReinforceRollout:
 
 class Reinforce(Method):
     name = "reinforce"
+    section = "reinforce"
     needs_mono = True
 
     @classmethod

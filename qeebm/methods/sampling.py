@@ -11,7 +11,7 @@ import torch
 from qeebm.config import GenerationConfig, SamplingConfig
 from qeebm.errors import QeebmError
 from qeebm.methods.base import Batch
-from qeebm.rl import eos_mask, policy_logits, sequence_logprobs, token_entropy
+from qeebm.methods.rl import eos_mask, policy_logits, sequence_logprobs, token_entropy
 
 
 def sampling_config(c: SamplingConfig) -> GenerationConfig:

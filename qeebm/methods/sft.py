@@ -12,6 +12,7 @@ from qeebm.methods.common import label_smoothed_ce
 
 class SFT(Method):
     name = "sft"
+    trained_on_qe = False
 
     def __init__(self, cfg: Config, translator, model: torch.nn.Module):
         self.model = model

@@ -3,7 +3,7 @@ rewards it, and what the reward-hacking guards (qeebm/guards.py) exist to catch.
 
 A QE that scores one of these above the reference it was made from has a blind spot that training
 against it can find (the tiny world's energy-only runs found length within 50 steps: docs/energy.md).
-``qeebm qe-check`` counts, for each kind, how often the QE prefers the reference (qeebm/qe/check.py).
+``qeebm qe-check`` counts, for each kind, how often the QE prefers the reference (qeebm/analysis/qe_check.py).
 
 Everything works on the text alone, whatever its language and script: units are whitespace words,
 or characters for text written without spaces (Chinese, Japanese, Thai: ``units``). The tiny world's

@@ -28,7 +28,7 @@ The value is exactly ``model.predict`` on the decoded translation (``relaxation=
 backward pass differs from a plain lookup. A reference-based energy reads the reference of every
 row (``ref=``); a reference-free one ignores it.
 
-With a ``qeebm.translator.Translator`` and the energy of ``load_energy``, as ``QeEbm.loss`` uses it::
+With a ``qeebm.translation.translator.Translator`` and the energy of ``load_energy``, as ``QeEbm.loss`` uses it::
 
     energy = load_energy(qe_path, translator, freeze=True)
     seqs = translator.generate_ids(input_ids, attention_mask, gen, k)       # [B*k, 1 + T]
@@ -121,7 +121,7 @@ class Energy(nn.Module):
         logits:  ``[B, T, V_nmt]`` the translator's teacher-forced logits for those steps, or only
                  their content steps' rows ``[N, V_nmt]`` (row-major over
                  ``self.bridge.content_mask(mt_ids, mt_mask)``, which are the only steps the energy
-                 reads: ``qeebm.translator.output_rows`` makes the translator compute just those).
+                 reads: ``qeebm.translation.translator.output_rows`` makes the translator compute just those).
         relaxation:
             "st" (default): the forward pass scores the one-hot of the emitted token (the exact QE
                 score of the decoded text); the backward pass is the identity onto softmax(logits).

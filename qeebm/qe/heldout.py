@@ -27,7 +27,7 @@ COLUMNS = ("src", "mt", "score")
 def write_judged(path: str | Path, rows, origins: list[str] | None = None) -> Path:
     """(src, mt, ref, quality) rows as a TSV file with the header ``src mt ref score``, and a fifth
     column ``origin`` when ``origins`` are given (where each translation came from)."""
-    from qeebm.data import check_writable, write_atomic
+    from qeebm.data.corpus import check_writable, write_atomic
 
     path = Path(path)
     lines = ["src\tmt\tref\tscore" + ("\torigin" if origins is not None else "")]

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from qeebm import hub
+from qeebm.utils import hub
 from qeebm.errors import QeebmError
 
 log = logging.getLogger(__name__)

@@ -38,162 +38,23 @@ import gzip
 import hashlib
 import json
 import logging
-import multiprocessing
 import random
 import shutil
 import time
-from concurrent.futures import Future, ProcessPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from qeebm import resources
-from qeebm.config import data_path_overrides, load_config
+from qeebm.utils import resources
 from qeebm.errors import QeebmError
-from qeebm.langcodes import FAMILIES
+from qeebm.utils.langcodes import FAMILIES
+from qeebm.tinyworld.toprange import add_top_range
+from qeebm.tinyworld.world import (BASE_PREFIXES, SIZES, WithReferences, WorldSize, code_version,
+                                   fit_qe_worker, hash_tree, is_built, stage_pool, translator_config, write_manifest)
 
 log = logging.getLogger("qeebm.tinyworld")
 
 SHIPPED_QE = resources.SHIPPED_QE
-BASE_PREFIXES = tuple(f"{f}-base/" for f in FAMILIES)  # the base translators' files in a world
-QE_MODELS = ("kiwi", "comet", "judge")  # every world's; the default one also has weaker kiwis
-
-
-@dataclass(frozen=True)
-class WorldSize:
-    """How big each part of the world is. ``default`` is the demo; ``micro`` builds in seconds for tests.
-
-    ``splits``: distinct sources of the task (train, dev, test) and of the judged data (qe, judge,
-    qe_heldout). ``labelled``: the labelled share of ``train`` (published: 20%). ``pretrain``
-    (+ ``pretrain_dev``): pairs of the bases' corpus, whose content words are all among the most
-    frequent ``common_fraction`` of each word class. ``judged_sft_pairs`` / ``judged_sft_steps``:
-    the judged systems include each base fine-tuned on this many QE-split pairs (its checkpoints at
-    half and all of the steps); every judged source gets a ``judged_share`` of the (system, decoding)
-    outputs and ``judged_k`` samples of one system. ``heldout_k``: samples per held-out source for the
-    within-source correlation."""
-
-    splits: dict
-    labelled: float
-    pretrain: int
-    pretrain_dev: int
-    common_fraction: float
-    shared_vocab: int  # XLM-R / mBART-50 SentencePiece pieces (upper bound)
-    nllb_vocab: int
-    model: dict  # tiny_config keyword arguments
-    train_steps: int
-    batch_size: int
-    lr: float
-    warmup: int
-    judged_sft_pairs: int
-    judged_sft_steps: int
-    judged_share: float
-    judged_k: int
-    heldout_k: int
-    qe_fit: dict  # train_qe overrides for the three QEs
-    weaker_kiwis: dict  # name -> share of kiwi's rows: the QE-strength study's weaker estimators
-    # The top-range stage (toprange.py): converged systems on the first ``pairs`` QE-split pairs (their
-    # plateau run's ``checkpoints``, evenly spaced, at learning rate ``lr``), QE-EBM and REINFORCE from its end against the
-    # first Kiwi (``hacked_steps`` at ``hacked_lr``, each with its knob's overrides), their outputs'
-    # ``share`` and ``k`` as ``judged_*``, for ``families``; ``fit``: train_qe settings of the continued QEs.
-    # None: no such stage.
-    top_range: dict | None = None
-    # Each stage's workers in spawned processes (two cores halve the build), or one after another in
-    # the building process where the work takes seconds and a spawned process's imports cost more.
-    in_process: bool = False
-
-
-SIZES = {
-    "default": WorldSize(
-        splits={"train": 10000, "dev": 300, "test": 500, "qe": 8000, "judge": 3000, "qe_heldout": 400},
-        labelled=0.2,
-        pretrain=1000,
-        pretrain_dev=200,
-        common_fraction=0.05,
-        shared_vocab=4000,
-        nllb_vocab=3000,
-        model=dict(d_model=64, layers=2, heads=4, ffn=256, max_positions=128, dropout=0.1),
-        train_steps=1400,
-        batch_size=32,
-        lr=3e-3,
-        warmup=100,
-        judged_sft_pairs=1500,
-        judged_sft_steps=300,
-        judged_share=0.3,
-        judged_k=3,
-        heldout_k=5,
-        qe_fit={},
-        weaker_kiwis={"kiwi-weak": 0.05, "kiwi-medium": 0.2},
-        top_range=dict(families=("nllb",), pairs=2000, checkpoints=(4000, 4500, 5000, 5500, 6000), lr=8e-3,
-                       hacked_steps=300, hacked_lr=2e-3, qe_ebm=["qe_ebm.rho=0.3"], reinforce=["reinforce.pg_weight=1.0"],
-                       share=0.3, k=3, fit={"epochs": 2, "lr": 3e-4}),
-    ),
-    "micro": WorldSize(
-        splits={"train": 200, "dev": 16, "test": 16, "qe": 60, "judge": 30, "qe_heldout": 12},
-        labelled=0.5,
-        pretrain=80,
-        pretrain_dev=8,
-        common_fraction=0.3,
-        shared_vocab=400,
-        nllb_vocab=300,
-        model=dict(d_model=32, layers=1, heads=2, ffn=64, max_positions=64, dropout=0.1),
-        train_steps=20,
-        batch_size=16,
-        lr=1e-3,
-        warmup=5,
-        judged_sft_pairs=20,
-        judged_sft_steps=4,
-        judged_share=0.3,
-        judged_k=2,
-        heldout_k=3,
-        qe_fit={"epochs": 1},
-        weaker_kiwis={},
-        top_range=dict(families=("nllb",), pairs=20, checkpoints=(2, 4), lr=1e-3, hacked_steps=2, hacked_lr=1e-3,
-                       qe_ebm=["qe_ebm.rho=0.3", "qe_ebm.sampling.max_new_tokens=8"],
-                       reinforce=["reinforce.pg_weight=1.0", "reinforce.sampling.max_new_tokens=8"], share=0.3, k=2,
-                       fit={"epochs": 1}),
-        in_process=True,
-    ),
-}
-
-# Artifacts whose bytes must not depend on anything but the seed (training logs and TensorBoard
-# files carry wall-clock times and are left out).
-HASHED = ("data", "tokenizers", "nllb-base", "mbart-base", "qe")
-
-
-def stage_pool(spec: WorldSize, n: int):
-    """The executor of a stage's ``n`` workers: spawned processes (a forked child would inherit
-    torch's thread pool and any accelerate state of the parent), or ``InlineExecutor`` for a world
-    built ``in_process``. Every worker seeds what it draws, so both give the same files."""
-    if spec.in_process:
-        return InlineExecutor()
-    return ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context("spawn"))
-
-
-class InlineExecutor:
-    """Runs each submitted call at once, in this process; the worker's one-thread setting is undone
-    after it."""
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> bool:
-        return False
-
-    def submit(self, fn, *args) -> Future:
-        future: Future = Future()
-        threads = torch.get_num_threads()
-        try:
-            future.set_result(fn(*args))
-        except Exception as err:  # noqa: BLE001 - raised again by future.result(), as a pool's would be
-            future.set_exception(err)
-        finally:
-            torch.set_num_threads(threads)
-        return future
-
-
-def is_built(world: Path) -> bool:
-    return (Path(world) / "manifest.json").is_file()
 
 
 def build(world_dir: str | Path, seed: int = 0, size: str = "default", force: bool = False, qe: str = "auto",
@@ -243,8 +104,6 @@ def build(world_dir: str | Path, seed: int = 0, size: str = "default", force: bo
     else:
         qe_report = train_quality_estimators(world, splits, workers, seed, spec)
         if spec.top_range:
-            from qeebm.tinyworld.toprange import add_top_range
-
             t_top = time.perf_counter()
             qe_report = add_top_range(world, seed, size, manifest=False)
             timings["qe_top_range_s"] = time.perf_counter() - t_top
@@ -252,7 +111,7 @@ def build(world_dir: str | Path, seed: int = 0, size: str = "default", force: bo
 
     timings["total_s"] = time.perf_counter() - start
     build_log = {"timings": timings, "base": base_metrics, "qe": qe_report, "qe_source": "shipped" if shipped else "built",
-                 "code": _code_version()}
+                 "code": code_version()}
     (world / "build_log.json").write_text(json.dumps(build_log, indent=2) + "\n")
     write_manifest(world, {"seed": seed, "size": size, "splits": {k: len(v) for k, v in splits.items()},
                            "base_test": base_metrics})
@@ -260,22 +119,6 @@ def build(world_dir: str | Path, seed: int = 0, size: str = "default", force: bo
         log.info("base %s: test BLEU %.1f chrF++ %.1f", family, m["bleu"], m["chrf"])
     log.info("tiny world built in %s in %.0f s", world, timings["total_s"])
     return world
-
-
-def write_manifest(world: Path, fields: dict | None = None) -> None:
-    """``manifest.json``: ``fields`` (or those of the existing manifest), the QEs' held-out
-    correlations from ``qe/qe_report.json`` and the sha256 of every artifact. Written last (through a
-    temporary file), so its presence means the build finished."""
-    path = world / "manifest.json"
-    manifest = dict(fields) if fields is not None else {k: v for k, v in json.loads(path.read_text()).items()
-                                                        if k in ("seed", "size", "splits", "base_test")}
-    report = json.loads((world / "qe" / "qe_report.json").read_text())
-    manifest["qe_report"] = {k: {m: round(v[m], 4) for m in ("pearson", "spearman", "within_source_pearson") if m in v}
-                             for k, v in report.items() if k in QE_MODELS}
-    manifest["files"] = hash_tree(world)
-    tmp = world / "manifest.json.tmp"
-    tmp.write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
-    tmp.replace(path)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -287,7 +130,7 @@ def write_data(out: Path, seed: int, spec: WorldSize) -> dict:
     source, train_all.tsv = every training pair, the "all pairs labelled" ceiling), dev, test, the
     bases' corpus (pretrain.tsv, pretrain_dev.tsv) and the judged sentences (qe.tsv, judge.tsv,
     qe_heldout.tsv). Returns the splits as lists of pairs."""
-    from qeebm.data import write_lines, write_tsv
+    from qeebm.data.corpus import write_lines, write_tsv
     from qeebm.tinyworld.language import build_splits, narrow_pairs
 
     splits = build_splits(seed, dict(spec.splits))
@@ -328,36 +171,6 @@ def write_tokenizers(out: Path, splits: dict, seed: int, spec: WorldSize) -> Non
 # 3. Base translators (and the judged systems' outputs, in the same worker)
 
 
-def translator_config(world: Path, seed: int, spec: WorldSize, init_dir: Path, run_dir: Path, *, train: Path,
-                      dev: Path, steps: int, lr: float, warmup: int, save_every: int, keep_last: int = 1):
-    """The loop's settings for the build's own translator training on the ``train`` pairs, selected
-    on the ``dev`` pairs; greedy dev decoding keeps validation cheap."""
-    overrides = [
-        f"seed={seed}",
-        f"model.name_or_path={init_dir}",
-        *data_path_overrides(world / "data"),
-        f"data.train.path={train}",
-        f"data.dev.path={dev}",
-        f"optim.lr={lr}",
-        f"optim.warmup_steps={warmup}",
-        f"optim.max_steps={steps}",
-        f"optim.batch_size={spec.batch_size}",
-        "optim.max_grad_norm=1.0",
-        "optim.weight_decay=0.0",
-        "optim.scheduler=linear",
-        "generation.num_beams=1",
-        f"eval.every={max(steps // 2, 1)}",
-        "eval.metric=chrf",
-        f"output.run_dir={run_dir}",
-        f"output.save_every={save_every}",
-        f"output.keep_last={keep_last}",
-        "output.resume=false",
-        "logging.report_to=[]",
-        "logging.progress_bar=false",
-    ]
-    return load_config(overrides=overrides)
-
-
 def train_bases(world: Path, seed: int, spec: WorldSize, judged: bool) -> dict:
     """Both base translators at once, each in its own process on one thread (the build takes half
     the time on two cores, and one thread per model makes the weights bitwise reproducible whatever
@@ -386,12 +199,12 @@ def _family_worker(world: str, family: str, seed: int, spec: WorldSize, judged: 
 def train_base(world: Path, family: str, seed: int, spec: WorldSize) -> dict:
     """Random init -> the pretraining corpus -> ``DIR/<family>-base`` (the best checkpoint by chrF++
     on the corpus's own dev set, never the task's). Returns its test BLEU / chrF++ on the task."""
-    from qeebm.data import read_corpus
-    from qeebm.decoding import translate_corpus
-    from qeebm.report import corpus_metrics
-    from qeebm.loop import train
+    from qeebm.data.corpus import read_corpus
+    from qeebm.translation.decoding import translate_corpus
+    from qeebm.metrics.sacrebleu import corpus_metrics
+    from qeebm.training.loop import train
     from qeebm.tinyworld.models import build_tiny_translator
-    from qeebm.translator import Translator
+    from qeebm.translation.translator import Translator
 
     tok_dir = world / "tokenizers" / ("nllb" if family == "nllb" else "mbart50")
     init_dir = world / "runs" / f"{family}-init"
@@ -414,11 +227,11 @@ def judged_systems(world: Path, family: str, seed: int, spec: WorldSize) -> dict
     """name -> Translator: the base at a quarter and half of its training and at its best, and the
     base fine-tuned on the first ``judged_sft_pairs`` pairs of the QE split at half and all of its
     steps (those pairs are then not judged: ``judged_outputs``)."""
-    from qeebm.checkpoint import load_model, step_dir
+    from qeebm.training.checkpoint import load_model, step_dir
     from qeebm.config import ModelConfig
-    from qeebm.data import write_tsv
-    from qeebm.loop import train
-    from qeebm.translator import Translator
+    from qeebm.data.corpus import write_tsv
+    from qeebm.training.loop import train
+    from qeebm.translation.translator import Translator
 
     init = world / "runs" / f"{family}-init"
     systems = {}
@@ -428,7 +241,7 @@ def judged_systems(world: Path, family: str, seed: int, spec: WorldSize) -> dict
         systems[f"{family}-base@{quarter}q"] = tr
     systems[f"{family}-base"] = Translator.load(ModelConfig(name_or_path=str(world / f"{family}-base")))
     # The base fine-tuned like the methods' SFT runs, on pairs the task never sees.
-    from qeebm.data import read_corpus
+    from qeebm.data.corpus import read_corpus
     from qeebm.config import CorpusConfig
 
     qe = read_corpus(CorpusConfig(path=str(world / "data" / "qe.tsv")), "qe", need_target=True)
@@ -454,7 +267,7 @@ def judged_outputs(world: Path, family: str, seed: int, spec: WorldSize) -> dict
     fine-tuned system learnt from, ``judge``) and their held-out samples (``qe_heldout``: the base
     and the fine-tuned system, K samples and the greedy output each)."""
     from qeebm.config import CorpusConfig
-    from qeebm.data import read_corpus
+    from qeebm.data.corpus import read_corpus
     from qeebm.tinyworld.judged import heldout_samples, system_outputs
     from qeebm.tinyworld.language import Pair
 
@@ -520,22 +333,10 @@ def train_quality_estimators(world: Path, splits: dict, workers: dict, seed: int
     # Two processes of about equal work: comet encodes three segments a row.
     plan = {"kiwis": [("kiwi", rows["qe"]), *weaker, ("judge", rows["judge"])], "comet": [("comet", rows["qe"])]}
     with stage_pool(spec, 2) as pool:
-        futures = [pool.submit(_fit_worker, str(qe_dir), str(tok), [(n, [r.row() for r in rs]) for n, rs in jobs],
+        futures = [pool.submit(fit_qe_worker, str(qe_dir), str(tok), [(n, [r.row() for r in rs]) for n, rs in jobs],
                                seed, spec.qe_fit) for jobs in plan.values()]
         fitted = {name: rec for future in futures for name, rec in future.result().items()}
     return qe_report(qe_dir, fitted, heldout, samples, probes)
-
-
-def _fit_worker(qe_dir: str, tok: str, jobs: list, seed: int, fit: dict, specs: dict | None = None) -> dict:
-    """Each (name, rows) job's tiny QE trained into ``qe_dir/name``: its spec from ``specs``, else
-    TINY_QES (a weaker kiwi: the kiwi's)."""
-    from qeebm.qe.tiny import TINY_QES, fit_tiny_qe
-
-    torch.set_num_threads(1)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s qe %(name)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
-    specs = {**TINY_QES, **(specs or {})}
-    return {name: fit_tiny_qe(name, Path(qe_dir) / name, tok, rows, seed, fit=fit, spec=specs.get(name, TINY_QES["kiwi"]))
-            for name, rows in jobs}
 
 
 def qe_report(qe_dir: Path, fitted: dict, heldout, samples, probes) -> dict:
@@ -559,16 +360,6 @@ def qe_report(qe_dir: Path, fitted: dict, heldout, samples, probes) -> dict:
     stable = {k: {f: v for f, v in r.items() if f not in ("seconds", "path")} for k, r in out.items()}
     (qe_dir / "qe_report.json").write_text(json.dumps(stable, indent=2, sort_keys=True) + "\n")
     return out
-
-
-class WithReferences:
-    """A reference-based scorer seen through the reference-free ``score(src, mt)`` call."""
-
-    def __init__(self, scorer, ref_of: dict):
-        self.scorer, self.ref_of = scorer, ref_of
-
-    def score(self, src, mt):
-        return self.scorer.score(src, mt, [self.ref_of[s] for s in src])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -686,7 +477,7 @@ def export_qe(world: str | Path, out: str | Path) -> Path:
         shutil.copytree(world / f"{family}-base", staging / "bases" / f"{family}-base")
     files = manifest["files"]
     build_log = json.loads((world / "build_log.json").read_text())
-    source = {"seed": manifest["seed"], "size": manifest["size"], "code": build_log.get("code", _code_version()),
+    source = {"seed": manifest["seed"], "size": manifest["size"], "code": build_log.get("code", code_version()),
               "inputs_digest": qe_inputs_digest(world),
               "data_files": {k: v for k, v in files.items() if k.startswith(("tokenizers/", "data/"))},
               "qe_files": {k: v for k, v in files.items() if k.startswith("qe/")},
@@ -695,7 +486,7 @@ def export_qe(world: str | Path, out: str | Path) -> Path:
     if "top_range_code" in build_log:
         source["top_range_code"] = build_log["top_range_code"]
     (staging / "source.json").write_text(json.dumps(source, indent=2, sort_keys=True) + "\n")
-    # The demo's shipped SFT plateau (qeebm/demo.py) lives here too and is not the QEs' to replace.
+    # The demo's shipped SFT plateau (qeebm/experiments/demo.py) lives here too and is not the QEs' to replace.
     if (out / "plateau").is_dir():
         shutil.copytree(out / "plateau", staging / "plateau")
     shutil.rmtree(out, ignore_errors=True)
@@ -703,34 +494,3 @@ def export_qe(world: str | Path, out: str | Path) -> Path:
     return out
 
 
-def _code_version() -> str:
-    """The commit of this checkout, when there is one (the QEs' weights depend on the sampler's code);
-    an installed package has none."""
-    import subprocess
-
-    from qeebm import __version__
-
-    if not (resources.PACKAGE.parent / ".git").exists():
-        return f"qeebm {__version__}"
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
-                                text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        commit = ""
-    return f"qeebm {__version__}" + (f" @ {commit}" if commit else "")
-
-
-def hash_tree(world: Path) -> dict[str, str]:
-    """sha256 of every artifact, with the world's own absolute path (which comet's hparams.yaml
-    must hold, see qeebm/qe/models.py) replaced by a placeholder, so the hashes say whether two
-    builds made the same files wherever they were built."""
-    files = {}
-    where = str(world.resolve()).encode()
-    for top in HASHED:
-        root = world / top
-        if not root.exists():
-            continue
-        for path in sorted(p for p in root.rglob("*") if p.is_file()):
-            data = path.read_bytes().replace(where, b"<world>")
-            files[str(path.relative_to(world))] = hashlib.sha256(data).hexdigest()
-    return files

@@ -167,7 +167,7 @@ def within_source(scores, quality_, groups) -> float:
     """Mean over groups (one source's samples of one system) of the Pearson correlation between a
     QE's scores and the true quality; groups with no spread on either side are left out (the same
     rule as ``qeebm qe-check``'s)."""
-    from qeebm.qe.check import within_source as mean_within
+    from qeebm.analysis.qe_check import within_source as mean_within
 
     return mean_within(scores, quality_, groups)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from qeebm.langcodes import FAMILIES
+from qeebm.utils.langcodes import FAMILIES
 
 TOKENIZER_CLASS = {"nllb": "NllbTokenizer", "mbart": "MBart50Tokenizer"}
 

@@ -42,6 +42,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from qeebm.utils import resources
+from qeebm.utils.langcodes import FAMILIES
+from qeebm.tinyworld.world import (SIZES, WithReferences, code_version, fit_qe_worker, stage_pool, translator_config,
+                                   write_manifest)
+
 log = logging.getLogger("qeebm.tinyworld")
 
 # The first QEs keep these names beside the ones trained on the whole range.
@@ -53,12 +58,11 @@ JUDGE = dict(kind="comet", hidden=48, layers=2, heads=4, ffn=96, seed_offset=791
 
 def top_range_systems(world: Path, family: str, seed: int, spec, kiwi: Path) -> dict:
     """name -> Translator: the plateau run's checkpoints and the QE-trained systems from its end."""
-    from qeebm.checkpoint import load_model, step_dir
+    from qeebm.training.checkpoint import load_model, step_dir
     from qeebm.config import CorpusConfig, ModelConfig, load_config
-    from qeebm.data import read_corpus, write_lines, write_tsv
-    from qeebm.loop import train
-    from qeebm.tinyworld.build import translator_config
-    from qeebm.translator import Translator
+    from qeebm.data.corpus import read_corpus, write_lines, write_tsv
+    from qeebm.training.loop import train
+    from qeebm.translation.translator import Translator
 
     top = spec.top_range
     runs = world / "runs"
@@ -86,7 +90,7 @@ def top_range_systems(world: Path, family: str, seed: int, spec, kiwi: Path) -> 
         load_model(step_dir(plateau / "checkpoints", s), tr.model)
         systems[f"{family}-plateau@{s}"] = tr
     # QE-trained systems from the plateau, against the first Kiwi, with the tiny recipes' methods.
-    recipes = Path(__file__).resolve().parents[2] / "recipes" / "configs"
+    recipes = resources.CONFIGS
     for name, recipe, knob in (("qe-ebm", "tiny_qe-ebm-static.yaml", top["qe_ebm"]),
                                ("reinforce", "tiny_reinforce.yaml", top["reinforce"])):
         run = runs / f"{family}-top-{name}"
@@ -108,8 +112,7 @@ def top_range_outputs(world: str, family: str, seed: int, spec, kiwi: str) -> di
     """A worker's share (one family): its top-range systems' translations of the judged sentences and
     their held-out samples (``build.judged_outputs``' layout)."""
     from qeebm.config import CorpusConfig
-    from qeebm.data import read_corpus
-    from qeebm.tinyworld.build import FAMILIES
+    from qeebm.data.corpus import read_corpus
     from qeebm.tinyworld.judged import heldout_samples, system_outputs
     from qeebm.tinyworld.language import Pair
 
@@ -141,9 +144,8 @@ def train_top_range_qes(world: Path, seed: int, spec) -> dict:
     trained on its shard's (two processes). Returns the fitted records, the judged row counts and the
     held-out samples."""
     from qeebm.config import CorpusConfig
-    from qeebm.data import read_corpus
+    from qeebm.data.corpus import read_corpus
     from qeebm.qe.heldout import write_judged
-    from qeebm.tinyworld.build import _fit_worker, stage_pool
     from qeebm.tinyworld.judged import Judged, judged_rows
     from qeebm.tinyworld.language import Pair
 
@@ -168,7 +170,7 @@ def train_top_range_qes(world: Path, seed: int, spec) -> dict:
     with stage_pool(spec, 2) as pool:
         kiwi = pool.submit(_continue_worker, str(qe_dir / FIRST["kiwi"]), str(qe_dir / "kiwi"),
                            [r.row() for r in rows["qe"]], seed, top["fit"])
-        judge = pool.submit(_fit_worker, str(qe_dir), str(world / "tokenizers" / "xlmr"),
+        judge = pool.submit(fit_qe_worker, str(qe_dir), str(world / "tokenizers" / "xlmr"),
                             [("judge", [r.row() for r in rows["judge"]])], seed, spec.qe_fit, {"judge": JUDGE})
         fitted = {"kiwi": kiwi.result(), "judge": judge.result()["judge"]}
     return {"fitted": fitted, "samples": samples, "rows": {k: len(v) for k, v in rows.items()},
@@ -252,7 +254,6 @@ def add_top_range(world: str | Path, seed: int = 0, size: str = "default", manif
     is written again (``manifest``: a build writes it itself, once everything is in place)."""
     import json
 
-    from qeebm.tinyworld.build import SIZES, _code_version, write_manifest
 
     world = Path(world)
     spec = SIZES[size]
@@ -274,7 +275,7 @@ def add_top_range(world: str | Path, seed: int = 0, size: str = "default", manif
     # The code of this stage, beside the first QEs' (``export_qe`` records both).
     build_log = world / "build_log.json"
     if build_log.is_file():
-        build_log.write_text(json.dumps(json.loads(build_log.read_text()) | {"top_range_code": _code_version()},
+        build_log.write_text(json.dumps(json.loads(build_log.read_text()) | {"top_range_code": code_version()},
                                         indent=2) + "\n")
     if manifest:
         write_manifest(world)
@@ -288,11 +289,10 @@ def measure_qes(world: Path, names: list[str], samples: list, plateau: str, seed
     kind (``qe/heldout.tsv``), how often it prefers the held-out reference over each degenerate
     version of it, and ``top_range_report`` on the converged systems' held-out samples."""
     from qeebm.config import CorpusConfig
-    from qeebm.data import read_corpus
+    from qeebm.data.corpus import read_corpus
     from qeebm.qe.models import load_qe, qe_kind
     from qeebm.qe.scoring import QEScorer
     from qeebm.qe.tiny import pearson, spearman
-    from qeebm.tinyworld.build import WithReferences
     from qeebm.tinyworld.judged import Judged, degenerate_probes
     from qeebm.tinyworld.language import Pair
 

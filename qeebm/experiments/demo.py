@@ -38,13 +38,14 @@ from pathlib import Path
 import torch
 import yaml
 
-from qeebm import resources
+from qeebm.utils import resources
 from qeebm.config import (ESTIMATOR_SYSTEMS, EXTRA_SYSTEMS, KIWI_ESTIMATOR_SYSTEMS, ORACLE_SYSTEMS, SEEDS, SYSTEMS,
                           data_path_overrides)
-from qeebm.runlog import validations
-from qeebm.tinyworld.build import build, is_built
+from qeebm.utils.runlog import validations
+from qeebm.tinyworld.build import build
+from qeebm.tinyworld.world import is_built
 
-log = logging.getLogger("qeebm.demo")
+log = logging.getLogger("qeebm.experiments.demo")
 
 CONFIGS = resources.CONFIGS
 
@@ -149,7 +150,7 @@ def train_worker(name: str, recipe: str, overrides: list[str]) -> tuple[str, flo
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {name} %(name)s %(levelname)s %(message)s",
                         datefmt="%H:%M:%S", force=True)
     from qeebm.config import load_config
-    from qeebm.loop import train
+    from qeebm.training.loop import train
 
     start = time.perf_counter()
     train(load_config(CONFIGS / recipe, overrides))
@@ -159,7 +160,7 @@ def train_worker(name: str, recipe: str, overrides: list[str]) -> tuple[str, flo
 def _evaluate_worker(jobs: list[tuple], world: str) -> list[tuple[str, float]]:
     """Evaluate (run_dir, system, checkpoint, split, selection) jobs; returns (report path, seconds)."""
     torch.set_num_threads(1)
-    from qeebm.evaluate import MetricSpec, evaluate_run
+    from qeebm.evaluation.evaluate import MetricSpec, evaluate_run
 
     spec = MetricSpec.tinyworld(Path(world))
     out = []
@@ -172,7 +173,7 @@ def _evaluate_worker(jobs: list[tuple], world: str) -> list[tuple[str, float]]:
 
 
 def selection_of(rule: str | None, spec):
-    from qeebm.qad import Selection
+    from qeebm.translation.qad import Selection
 
     if rule is None:
         return None
@@ -254,7 +255,7 @@ PLATEAU_INPUTS = ("data/train.tsv", "data/dev.tsv")
 
 
 def plateau_inputs(world: Path, base: str) -> dict[str, str]:
-    from qeebm.integrity import sha256_file
+    from qeebm.utils.integrity import sha256_file
 
     files = sorted((world / f"{base}-base").iterdir()) + [world / f for f in PLATEAU_INPUTS]
     # The recipe's settings, not its bytes: a comment edited leaves the plateau what it was.
@@ -269,7 +270,7 @@ def export_plateau(run_dir: Path, world: Path, seed: int, base: str = "nllb", ou
     in ``out``, with the digests of its inputs and of every file (``source.json``)."""
     import shutil
 
-    from qeebm.integrity import sha256_file
+    from qeebm.utils.integrity import sha256_file
 
     staging = out.with_name(out.name + ".tmp")
     shutil.rmtree(staging, ignore_errors=True)
@@ -291,7 +292,7 @@ def shipped_plateau(world: Path, seed: int, base: str, shipped: Path | None = No
     """``shipped`` (default ``SHIPPED_PLATEAU``) when it is the plateau this world, seed and base would
     train, else None; its files differing from their recorded digests is a one-line error."""
     from qeebm.errors import QeebmError
-    from qeebm.integrity import sha256_file
+    from qeebm.utils.integrity import sha256_file
 
     shipped = Path(shipped or SHIPPED_PLATEAU)
     source = shipped / "source.json"
@@ -318,7 +319,7 @@ def plateau_start(run_dir: Path) -> Path:
 
 def plateau_summary(plateaus: dict) -> str:
     """The plateaus' best dev chrF++ and its step, for the table's heading."""
-    from qeebm.runlog import best_validation
+    from qeebm.utils.runlog import best_validation
 
     return ", ".join(f"{value:.1f} at step {step}" for value, step in
                      (best_validation(d, "val/chrf") for d in plateaus.values()))
@@ -380,7 +381,7 @@ def evaluate_and_compare(run_dirs: dict, world: Path, runs: Path, plateaus: dict
     """Evaluate the plateaus and every continued run on the test set, twice: the checkpoint selected
     on dev Kiwi (as published) and the one selected on dev chrF++; then quality-aware decoding of the
     best system (by dev chrF++). Prints and returns both comparison tables, against SFT continued."""
-    from qeebm.compare import run as compare
+    from qeebm.evaluation.compare import run as compare
 
     timings = {}
     t = time.perf_counter()

@@ -5,7 +5,7 @@ estimator a run trains against, validates on or is evaluated with (COMET-Kiwi, C
 judges), each with the roles it plays. Two rounds check them:
 
 - ``access``: seconds. Each is a local path that is there, in the local Hugging Face cache, or on
-  the hub and readable from here, asked of the hub client (``qeebm/hub.py``: proxies, the login, a
+  the hub and readable from here, asked of the hub client (``qeebm/utils/hub.py``: proxies, the login, a
   gated model's licence). Every real run does this before its data step, so a licence not accepted
   for XCOMET, which only the evaluation reads, stops the recipe before eighteen trainings, not after.
 - ``fetch``: downloads each (the corpus through the data step itself) and loads it once on the CPU,
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from qeebm import hub
+from qeebm.utils import hub
 from qeebm.errors import QeebmError
 
 
@@ -44,9 +44,8 @@ class Need:
 
 
 def needs(plan) -> list[Need]:
-    """What ``plan`` (a qeebm.recipe.Plan) will load, in the order the recipe loads it."""
-    from qeebm.loop import qe_metric_path, validation_qe_metrics
-    from qeebm.recipe import metric_spec
+    """What ``plan`` (a qeebm.experiments.recipe.Plan) will load, in the order the recipe loads it."""
+    from qeebm.training.loop import qe_metric_path, validation_qe_metrics
 
     found: dict[tuple[str, str], Need] = {}
 
@@ -68,7 +67,7 @@ def needs(plan) -> list[Need]:
                 add("qe", path, f"training reward: {run.system}")
         for name in validation_qe_metrics(run.cfg):
             add("qe", qe_metric_path(run.cfg, name), f"validation: {name}")
-    spec = metric_spec(plan)
+    spec = plan.metric_spec()
     models = spec.qe_models()
     for name in spec.selected():
         if name in models:
@@ -87,7 +86,7 @@ def _is_local(name: str) -> bool:
 
 
 def _access(need: Need, plan) -> str:
-    from qeebm.data_prep import check_hub, is_prepared
+    from qeebm.data.prepare import check_hub, is_prepared
 
     if need.kind == "files":
         if not Path(need.name).is_file():
@@ -129,7 +128,7 @@ def _parameters(model) -> str:
 
 def _fetch(need: Need, plan) -> str:
     if need.kind == "translator":
-        from qeebm.translator import Translator
+        from qeebm.translation.translator import Translator
 
         cfg = next(r.cfg.model for r in plan.runs if r.cfg.model.name_or_path == need.name)
         model = Translator.load(cfg).model
@@ -139,12 +138,10 @@ def _fetch(need: Need, plan) -> str:
 
         model = load_qe(need.name)
         return f"loaded, {qe_kind(model)}, {_parameters(model)}"
-    from qeebm.data import read_corpus
+    from qeebm.data.corpus import read_corpus
 
     if need.kind == "corpus":
-        from qeebm.recipe import prepare_corpus
-
-        prepare_corpus(plan)
+        plan.prepare_corpus()
     data = plan.runs[0].cfg.data
     splits = ("train", "dev", "test", "mono") if need.kind == "corpus" else [r.partition(": ")[2] for r in need.roles]
     counts = [f"{len(read_corpus(getattr(data, s), s, need_target=s != 'mono').src)} {s}" for s in splits]

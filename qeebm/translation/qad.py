@@ -20,7 +20,7 @@ loads models through ``comet.download_model``, which accepts hub ids only, so no
 (the tiny world's, or an offline copy) can be used. The decision rule itself is an argmax of row
 means; what costs time is the utility, which is where this module spends its code.
 
-Used by ``qeebm translate`` / ``qeebm evaluate`` (``--rerank``, ``--mbr``; qeebm/evaluate.py) and
+Used by ``qeebm translate`` / ``qeebm evaluate`` (``--rerank``, ``--mbr``; qeebm/evaluation/evaluate.py) and
 by the ``qe-finetune`` training method (qeebm/methods/qe_finetune.py).
 """
 
@@ -37,7 +37,8 @@ import numpy as np
 
 from qeebm.config import GenerationConfig
 from qeebm.errors import QeebmError
-from qeebm.report import SELECTION_RULES, make_metric, metric_signature
+from qeebm.metrics.registry import SELECTION_RULES
+from qeebm.metrics.sacrebleu import make_metric, metric_signature
 
 log = logging.getLogger(__name__)
 

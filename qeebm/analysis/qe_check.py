@@ -16,7 +16,7 @@ What decided, in the tiny world, whether training against a QE helps (docs/qe-ch
   left after the best monotone map from score to quality, the share of that error that is a
   per-source offset, and the quality a score difference buys within one source against across
   sources;
-* **hackability** (optional, ``qeebm.probe``): a short energy-only QE-EBM run on the dev sources.
+* **hackability** (optional, ``qeebm.analysis.probe``): a short energy-only QE-EBM run on the dev sources.
 
 ``measure`` computes all of it from the candidates (``make_candidates``) and a QE's scores of them
 (``score_candidates``), so several QEs can be judged on the same candidates; ``run`` is the command.
@@ -82,7 +82,7 @@ def make_candidates(translator, src: Sequence[str], ref: Sequence[str], k: int =
     sampling is seeded and leaves torch's global generator as it was."""
     from qeebm.config import GenerationConfig, SamplingConfig
     from qeebm.methods.sampling import sampling_config
-    from qeebm.qad import generate_candidates
+    from qeebm.translation.qad import generate_candidates
 
     if k < 3:
         raise QeebmError(f"qe-check needs at least 3 samples per source to rank them; got {k}")
@@ -149,7 +149,7 @@ def reference_score_fn(scorer) -> Callable:
 
 def chrf_scores(src: list[str], mt: list[str], ref: list[str]) -> list[float]:
     """Sentence chrF++ (sacrebleu's defaults, as ``qeebm evaluate`` computes corpus chrF++)."""
-    from qeebm.report import make_metric
+    from qeebm.metrics.sacrebleu import make_metric
 
     metric = make_metric("chrf")
     return [metric.sentence_score(m, [r]).score for m, r in zip(mt, ref)]
@@ -503,11 +503,11 @@ def run(qe: str, translator: str, dev: str, out: str | Path, *, src_lang: str = 
     reference-based ``comet``; the hackability probe with ``probe_steps`` > 0. Writes
     ``OUT/qe_check.json``, ``OUT/qe_check.md`` and the plots; returns the JSON's content."""
     from qeebm.config import CorpusConfig, ModelConfig
-    from qeebm.data import read_corpus
+    from qeebm.data.corpus import read_corpus
     from qeebm.guards import GuardConfig
     from qeebm.qe.models import load_qe
     from qeebm.qe.scoring import QEScorer
-    from qeebm.translator import Translator
+    from qeebm.translation.translator import Translator
 
     if max_sentences < 0:
         raise QeebmError(f"--max-sentences must be >= 0 (0: all); got {max_sentences}")
@@ -555,7 +555,7 @@ def run(qe: str, translator: str, dev: str, out: str | Path, *, src_lang: str = 
     m = measure(c, qe_scores, targets, coverage)
     probe = None
     if probe_steps:
-        from qeebm.probe import hackability_probe
+        from qeebm.analysis.probe import hackability_probe
 
         t = time.perf_counter()
         probe = hackability_probe(qe, translator, str(dev), src_lang, tgt_lang, out / "probe", steps=probe_steps,
@@ -680,7 +680,7 @@ def format_markdown(result: dict, plots: Sequence[Path] = ()) -> str:
 
 def write(result: dict, out: str | Path) -> tuple[Path, Path]:
     """``OUT/qe_check.json``, the plots and ``OUT/qe_check.md``."""
-    from qeebm.plots import plot_qe_check
+    from qeebm.evaluation.plots import plot_qe_check
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

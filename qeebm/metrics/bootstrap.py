@@ -1,6 +1,6 @@
 """Bootstrap resampling over segments, shared by every metric, system and seed of a comparison.
 
-Every metric is a matrix of additive per-segment statistics ``[N, D]`` (qeebm/report.py), so one
+Every metric is a matrix of additive per-segment statistics ``[N, D]`` (qeebm/evaluation/report.py), so one
 matrix of resample counts ``[R, N]`` turns into every resampled corpus score by one product. The
 draws are sacrebleu's (``default_rng(seed).choice(N, (R, N))``), so both score the same resampled
 corpora for the same seed; ``sacrebleu_paired_p`` runs sacrebleu's own test for a cross-check.
@@ -15,7 +15,7 @@ from typing import Sequence
 
 import numpy as np
 
-from qeebm.report import corpus_from_sums, make_metric
+from qeebm.metrics.sacrebleu import corpus_from_sums, make_metric
 
 
 def resample_counts(n: int, resamples: int, seed: int) -> np.ndarray:

@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from qeebm.data_prep import iwslt2017, opus100, ted_multi
-from qeebm.recipe import Recipe, corpus_code, main
+from qeebm.data.prepare import iwslt2017, opus100, ted_multi
+from qeebm.experiments.recipe import Recipe, corpus_code, main
 
 # Published: mBART-50 with adapters; NLLB-200 with --model nllb600m. The ML50 pairs (az, bn, ka, mn,
 # mr) come from the TED talks corpus ML50 took them from; en-de and en-zh are IWSLT 2017, as published.

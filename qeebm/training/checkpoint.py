@@ -12,7 +12,7 @@ resume ignores anything that is not a ``step-*`` directory, and older checkpoint
 (``output.keep_last``) only after the new one is in place.
 
 A file can still be damaged afterwards (a copy cut short, a failing disk, a sync tool): ``state.json``
-records the size and sha256 of every other file and of its own content (``qeebm.integrity``), and
+records the size and sha256 of every other file and of its own content (``qeebm.utils.integrity``), and
 resume checks them before it loads anything (``resume_checkpoint``). A damaged checkpoint is skipped
 with a one-line warning and set aside as ``step-XXXXXXX.damaged`` (never deleted; out of the way of
 pruning and of the checkpoint the resumed run writes at that step), and the run resumes from the
@@ -52,8 +52,8 @@ import yaml
 from qeebm.config import (Config, dump_config, flat_dict, saved_added_sections, saved_sampler_defaults, to_dict,
                           upgrade_keys)
 from qeebm.errors import QeebmError, first_line
-from qeebm.integrity import Damaged, check, read_record, seal, unsealed
-from qeebm.translator import weight_files
+from qeebm.utils.integrity import Damaged, check, read_record, seal, unsealed
+from qeebm.translation.translator import weight_files
 
 log = logging.getLogger(__name__)
 

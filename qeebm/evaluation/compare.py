@@ -1,6 +1,6 @@
 """Comparing evaluated systems: bootstrap confidence intervals and paired significance against a baseline.
 
-Everything here reads evaluation reports (``qeebm/report.py``) and nothing else. Every metric is a
+Everything here reads evaluation reports (``qeebm/evaluation/report.py``) and nothing else. Every metric is a
 matrix of additive per-segment statistics ``[N, D]`` (sacrebleu's for BLEU/chrF++/TER, ``[score, 1]``
 for COMET-type scores), so one resampling routine serves all of them:
 
@@ -42,7 +42,7 @@ import numpy as np
 
 from qeebm import __version__ as QEEBM_VERSION
 from qeebm.errors import QeebmError
-from qeebm.bootstrap import (
+from qeebm.metrics.bootstrap import (
     paired_bootstrap_p,
     percentile_ci,
     resample_counts,
@@ -50,20 +50,10 @@ from qeebm.bootstrap import (
     sacrebleu_paired_p,
     seed_pairs,
 )
-from qeebm.plots import DEFAULT_CURVE_KEYS, plot_curves, plot_forest
-from qeebm.report import (
-    SACREBLEU_METRICS,
-    TEXT_KEYS,
-    column,
-    corpus_from_stats,
-    higher_is_better,
-    label,
-    mean_stats,
-    metric_signature,
-    read_report,
-    scale,
-    segment_stats,
-)
+from qeebm.evaluation.plots import DEFAULT_CURVE_KEYS, plot_curves, plot_forest
+from qeebm.metrics.registry import SACREBLEU_METRICS, column, higher_is_better, label, scale
+from qeebm.evaluation.report import TEXT_KEYS, read_report
+from qeebm.metrics.sacrebleu import corpus_from_stats, mean_stats, metric_signature, segment_stats
 
 ALPHA = 0.05
 # The order neural metrics appear in; any other per-segment score follows alphabetically.

@@ -9,15 +9,12 @@ from __future__ import annotations
 import fnmatch
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 
-from qeebm.report import column
-from qeebm.runlog import log_path, read_metrics
-
-if TYPE_CHECKING:
-    from qeebm.compare import Comparison
+from qeebm.metrics.registry import column
+from qeebm.utils.runlog import log_path, read_metrics
 
 # The weight of each added term next to the CE (diag/ratio_*) and the QE signal within one source's
 # samples (score_spread) are what say whether a QE-trained method could move at all.
@@ -36,7 +33,7 @@ def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") or "metric"
 
 
-def forest_figure(result: Comparison):
+def forest_figure(result):
     """The comparison as differences: one panel per metric, one row per system under the baseline,
     a dot at its difference to the baseline and a line over the 95% interval of that difference
     (paired bootstrap, ``Cell.delta_ci``), with zero marked. A difference marked significant in the
@@ -77,7 +74,7 @@ def forest_figure(result: Comparison):
     return fig
 
 
-def plot_forest(result: Comparison, out_dir: Path) -> Path:
+def plot_forest(result, out_dir: Path) -> Path:
     """``forest_figure`` written to ``out_dir/forest.png``."""
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "forest.png"
@@ -120,7 +117,7 @@ def plot_curves(runs: Iterable[tuple[str, Path]], keys: Sequence[str], out_dir: 
 
 
 def plot_qe_check(result: dict, out_dir: Path) -> list[Path]:
-    """``qeebm qe-check``'s plots (qeebm/qe/check.py): the reliability plot of each reference-based
+    """``qeebm qe-check``'s plots (qeebm/analysis/qe_check.py): the reliability plot of each reference-based
     quality (quality by QE-score bin, with the best monotone map's bin means), the QE's preference
     for the reference over each degradation, and the probe's curves when it ran."""
     m = result["measurements"]

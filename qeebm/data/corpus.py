@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 from qeebm.config import CHOICES, CORPUS_FORMATS, CorpusConfig
 from qeebm.errors import QeebmError, first_line
 
-LOG = logging.getLogger("qeebm.data")
+LOG = logging.getLogger("qeebm.data.corpus")
 
 ON_ERROR = CHOICES["data.on_error"]
 

@@ -3,7 +3,7 @@
 Read top to bottom: ``train`` builds everything, then repeats ``train_step`` (rollouts of every
 micro-step, then the optimiser update: backward, clipping, step; PPO asks for one update per epoch
 and minibatch), logs, validates and checkpoints. A preemption signal stops the run at the next
-micro-step, with the previous step's checkpoint (qeebm/preemption.py). The loop never looks inside a
+micro-step, with the previous step's checkpoint (qeebm/training/preemption.py). The loop never looks inside a
 method: it hands each micro-batch to ``method.rollout`` (no gradient) and the rollouts to
 ``method.loss``, and backpropagates what comes back (docs/design.md: batches and loss normalisation).
 """
@@ -22,8 +22,8 @@ from accelerate.tracking import LOGGER_TYPE_TO_CLASS, get_available_trackers
 from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 
-from qeebm import checkpoint as ckpt
-from qeebm.backends import (
+from qeebm.training import checkpoint as ckpt
+from qeebm.training.backends import (
     APPLIED,
     EXTRA_GRADIENT_PASSES,
     NONFINITE,
@@ -40,17 +40,17 @@ from qeebm.backends import (
     trained_parameters,
 )
 from qeebm.config import Config, flat_dict, to_dict
-from qeebm.data import corpus_format, filter_corpus, read_corpus
-from qeebm.decoding import corpus_nll, shard, translate_corpus
-from qeebm.diagnostics import term_gradient_stats
+from qeebm.data.corpus import corpus_format, filter_corpus, read_corpus
+from qeebm.translation.decoding import corpus_nll, shard, translate_corpus
+from qeebm.methods.diagnostics import term_gradient_stats
 from qeebm.errors import QeebmError
 from qeebm.methods import METHODS, Batch
-from qeebm.preemption import Preemption, parse_signals
-from qeebm.report import bleu_tokenizer, corpus_metrics
-from qeebm.step_sampler import StepSampler
-from qeebm.translator import Translator, eval_mode
+from qeebm.training.preemption import Preemption, parse_signals
+from qeebm.metrics.sacrebleu import bleu_tokenizer, corpus_metrics
+from qeebm.data.step_sampler import StepSampler
+from qeebm.translation.translator import Translator, eval_mode
 
-log = logging.getLogger("qeebm.loop")
+log = logging.getLogger("qeebm.training.loop")
 
 QE_VAL_METRICS = ("kiwi", "judge")  # mean QE score of the decoded dev set
 VAL_METRICS = ("bleu", "chrf", "loss") + QE_VAL_METRICS

@@ -14,7 +14,7 @@ source-only pool. ``prepare`` writes that as the four files the training loop re
 Only data sets stored as Parquet/JSON load: ``datasets`` >= 4 no longer runs loading scripts. A
 script-based repository often still has the hub's automatic Parquet export on the branch
 ``refs/convert/parquet``; ``HubCorpus.revision`` points there. Before the download the hub client
-is asked whether the corpus can be had (``qeebm/hub.py``: proxies from the environment, a limit of
+is asked whether the corpus can be had (``qeebm/utils/hub.py``: proxies from the environment, a limit of
 seconds), so no network, a refusing proxy or a gated set fails at once with its cause, instead of
 ``datasets``' minutes of retries.
 """
@@ -35,7 +35,7 @@ from typing import Any, Callable, Iterable, Optional
 from qeebm.config import SPLIT_FILES
 from qeebm.errors import QeebmError, first_line
 
-log = logging.getLogger("qeebm.data_prep")
+log = logging.getLogger("qeebm.data.prepare")
 
 PARQUET_EXPORT = "refs/convert/parquet"
 # Written last: its presence means the directory is complete.
@@ -175,7 +175,7 @@ def offline_error(corpus: HubCorpus, out_dir: Path, why: str = "") -> QeebmError
 def check_hub(corpus: HubCorpus, out_dir: Path) -> None:
     """Whether the corpus can be downloaded from here, asked of the hub client (seconds; it honours
     proxies), before ``datasets`` would retry for minutes. A failure names its cause."""
-    from qeebm import hub
+    from qeebm.utils import hub
 
     if hub.offline(datasets=True):
         raise offline_error(corpus, out_dir)
@@ -192,7 +192,7 @@ def _load_split(corpus: HubCorpus, split: str, out_dir: Path):
         return datasets.load_dataset(corpus.repo, corpus.name, data_dir=corpus.data_dir, revision=corpus.revision,
                                      split=split)
     except Exception as err:  # noqa: BLE001 - the hub and datasets raise many types; all end here
-        from qeebm import hub
+        from qeebm.utils import hub
 
         first = first_line(err)
         # datasets names the splits it found; a missing dev/test split is carved out of train.
@@ -259,8 +259,8 @@ def prepare(corpus: HubCorpus, out_dir: str | Path, *, tokenizer: Optional[str],
     """Download ``corpus`` and write the split files into ``out_dir`` (see the module docstring);
     a finished directory is left alone. ``tokenizer`` (the translator's hub id) counts the tokens
     of the length filter; ``held_out`` caps a dev/test split carved from train (at most a tenth)."""
-    from qeebm.data import write_lines, write_tsv
-    from qeebm.report import file_sha256
+    from qeebm.data.corpus import write_lines, write_tsv
+    from qeebm.utils.integrity import sha256_file as file_sha256
 
     out = Path(out_dir)
     if is_prepared(out):

@@ -1,6 +1,6 @@
 """``qeebm translate`` and ``qeebm evaluate``'s options turned into library calls: the metric spec and
 decoding config of an argparse namespace, and ``qeebm evaluate``'s body (a run, a model or a
-hypotheses file in; a report out). Everything it computes is qeebm/evaluate.py's."""
+hypotheses file in; a report out). Everything it computes is qeebm/evaluation/evaluate.py's."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Optional, Sequence
 
 from qeebm.config import CorpusConfig, GenerationConfig
 from qeebm.errors import QeebmError
-from qeebm.evaluate import (
-    DEFAULT_QE_MODELS,
+from qeebm.metrics.registry import DEFAULT_MODELS
+from qeebm.evaluation.evaluate import (
     JUDGE_NAME,
     QE_METRICS,
     MetricSpec,
@@ -31,7 +31,8 @@ from qeebm.evaluate import (
     system_name,
     translate_test,
 )
-from qeebm.report import SACREBLEU_METRICS, bleu_tokenizer
+from qeebm.metrics.registry import SACREBLEU_METRICS
+from qeebm.metrics.sacrebleu import bleu_tokenizer
 
 
 def _parse_judges(items: Sequence[str]) -> dict[str, str]:
@@ -86,15 +87,15 @@ def metric_spec_from_args(args) -> MetricSpec:
 def evaluate_main(args) -> dict:
     """``qeebm evaluate``: translate (or read) the test set's hypotheses, score them, print the
     corpus scores and write the report (--output, or <run>/eval/<split>.json with --run)."""
-    from qeebm.data import read_corpus
-    from qeebm.report import config_id as make_config_id
-    from qeebm.report import write_report
+    from qeebm.data.corpus import read_corpus
+    from qeebm.evaluation.report import config_id as make_config_id
+    from qeebm.evaluation.report import write_report
 
-    from qeebm.qad import check_selection_model, selection_from_args
+    from qeebm.translation.qad import check_selection_model, selection_from_args
 
     spec = metric_spec_from_args(args)
     names = spec.selected()
-    selection = selection_from_args(args, spec.qe_models() | {k: v for k, v in DEFAULT_QE_MODELS.items()
+    selection = selection_from_args(args, spec.qe_models() | {k: v for k, v in DEFAULT_MODELS.items()
                                                               if k not in spec.qe_models()})
 
     run = Path(args.run) if args.run else None

@@ -1,19 +1,19 @@
 """The recipe runner: one language pair's published comparison, from a ``Recipe`` of a few lines.
 
 A ``Recipe`` states the pair, the public corpus, the models, the systems and the seeds; the table
-of published pairs is ``qeebm/pairs.py``, run by ``recipes/recipe.sh`` (every ``recipes/<pair>.sh``
+of published pairs is ``qeebm/experiments/pairs.py``, run by ``recipes/recipe.sh`` (every ``recipes/<pair>.sh``
 links to it). ``main`` parses the command line into a ``Plan`` (every run's resolved config for
 the launch's process count, checked before anything slow happens) and runs it:
 
 0. access: every model and data set the plan touches, asked of the local cache or the hub in
-   seconds (``qeebm/preflight.py``; ``--check`` also downloads and loads each);
-1. data: the corpus is downloaded once and split as published (``qeebm/data_prep.py``) by the
+   seconds (``qeebm/experiments/preflight.py``; ``--check`` also downloads and loads each);
+1. data: the corpus is downloaded once and split as published (``qeebm/data/prepare.py``) by the
    main process of each node, while the others wait for its manifest; ``--tiny DIR`` uses the tiny
    world's files;
-2. training: every (seed, system) run in turn, in this process, through ``qeebm.loop.train``.
+2. training: every (seed, system) run in turn, in this process, through ``qeebm.training.loop.train``.
    Under ``accelerate launch`` every process executes the same sequence (SPMD) and the Accelerator
    inside ``train`` picks up the distributed environment;
-3. evaluation: ``qeebm.evaluate.evaluate_run`` on each run's best model (BLEU, chrF++, TER, COMET,
+3. evaluation: ``qeebm.evaluation.evaluate.evaluate_run`` on each run's best model (BLEU, chrF++, TER, COMET,
    COMET-Kiwi, XCOMET) -> ``<run>/eval/test.json``, on the main process only; with ``--rerank`` also
    with QE reranking of its beam candidates by the COMET-Kiwi -> ``<run>/eval/test-rerank.json``;
 4. comparison: ``scripts/compare.py``'s ``run`` over every report, on the main process.
@@ -21,7 +21,7 @@ the launch's process count, checked before anything slow happens) and runs it:
 Finished work is skipped when the same command runs again (a run with ``final/``, an existing
 report) and an interrupted run resumes from its newest checkpoint.
 
-``python -m qeebm.recipe relaunch SCRIPT ARGS`` is what a recipe's shell part calls: it runs the
+``python -m qeebm.experiments.recipe relaunch SCRIPT ARGS`` is what a recipe's shell part calls: it runs the
 recipe under ``accelerate launch`` planned for the processes that launch starts (directly for
 --dry-run, --check and --help), passes preemption signals to the training processes and exits 0
 when they stopped with a checkpoint.
@@ -43,17 +43,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, Optional, Union
 
-from qeebm import disk, resources
+from qeebm.experiments import disk
+from qeebm.utils import resources
 from qeebm.config import EXTRA_SYSTEMS, SEEDS, SYSTEMS, Config, data_path_overrides, flat_dict, load_config, to_dict
-from qeebm.data_prep import HubCorpus, is_prepared
-from qeebm.entry import setup_process
+from qeebm.data.prepare import HubCorpus, is_prepared
+from qeebm.utils.process import setup_process
 from qeebm.errors import QeebmError
-from qeebm.langcodes import NLLB_TO_MBART50, to_model_code
-from qeebm.qad import DEFAULT_CANDIDATES
+from qeebm.utils.langcodes import NLLB_TO_MBART50, to_model_code
+from qeebm.translation.qad import DEFAULT_CANDIDATES
+from qeebm.metrics.registry import DEFAULT_MODELS
 
-log = logging.getLogger("qeebm.recipe")
+log = logging.getLogger("qeebm.experiments.recipe")
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CONFIGS = resources.CONFIGS / "real"
 # Set by `bash RECIPE` for the launch: where a training process notes that it stopped on a signal.
 PREEMPTED_FILE = "QEEBM_PREEMPTED_FILE"
@@ -80,10 +82,10 @@ MODELS = {
     "nllb600m": ModelChoice("facebook/nllb-200-distilled-600M", "nllb", "nllb-base"),
 }
 
-# Evaluation (qeebm/evaluate.py decides; these name its models in the dry run without importing torch):
+# Evaluation (qeebm/evaluation/evaluate.py decides; these name its models in the dry run without importing torch):
 # report key -> model. Every system but SFT optimises kiwi; COMET and XCOMET are the independent
 # checks (compare.py's reward-hacking warning reads each report's trained_on and heldout).
-METRICS = {"comet": "Unbabel/wmt22-comet-da", "kiwi": "Unbabel/wmt22-cometkiwi-da", "xcomet": "Unbabel/XCOMET-XL"}
+METRICS = DEFAULT_MODELS
 # The tiny world has no XCOMET; its held-out judge stands in its place: reference-based like XCOMET, of
 # another seed, size and data shard than the tiny COMET.
 TINY_METRICS = {"comet": "qe/comet", "kiwi": "qe/kiwi", "judge": "qe/judge"}
@@ -145,7 +147,7 @@ class Plan:
 
     def selection(self):
         """The reranked evaluation's selection (the trained-on COMET-Kiwi over beam candidates), or None."""
-        from qeebm.qad import Selection
+        from qeebm.translation.qad import Selection
 
         return Selection("rerank", self.metrics["kiwi"], candidates=self.rerank) if self.rerank else None
 
@@ -162,6 +164,20 @@ class Plan:
 
     def run_dirs(self) -> list[str]:
         return list(dict.fromkeys(str(r.run_dir) for r in self.runs))
+
+    def prepare_corpus(self) -> None:
+        """The data step: the corpus downloaded and split into ``data_dir`` (once)."""
+        from qeebm.data.prepare import prepare
+
+        cfg, choice = self.runs[0].cfg, MODELS[self.model]
+        prepare(self.recipe.corpus, self.data_dir, tokenizer=choice.hub_id,
+                src_code=to_model_code(cfg.model.src_lang, choice.family),
+                tgt_code=to_model_code(cfg.model.tgt_lang, choice.family), max_tokens=cfg.data.max_tokens)
+
+    def metric_spec(self):
+        from qeebm.evaluation.evaluate import MetricSpec
+
+        return MetricSpec.tinyworld(self.tiny) if self.tiny is not None else MetricSpec()
 
     def compare_args(self) -> list[str]:
         return [*self.run_dirs(), *self.rerank_reports(), "--baseline", self.baseline, "--out", str(self.results),
@@ -225,7 +241,7 @@ def config_diff(cfg: Config, explicit: list[str] = ()) -> dict:
 
 def _split_problem(cfg: Config, world: int, accum: int) -> Optional[str]:
     """Why the global batch does not split into ``world`` x ``accum`` micro-batches, or None."""
-    from qeebm.loop import check_batch_split
+    from qeebm.training.loop import check_batch_split
 
     try:
         check_batch_split(cfg, world, accum)
@@ -340,7 +356,7 @@ class Launch:
 def _launch_backend(args: argparse.Namespace) -> dict[str, str]:
     """The backend variables accelerate's launchers export for these launch arguments
     (accelerate.utils.launch: prepare_multi_gpu_env, prepare_deepspeed_cmd_env): those that
-    qeebm.backends.check_backend_request reads."""
+    qeebm.training.backends.check_backend_request reads."""
     if args.cpu:
         return {}
     if args.use_fsdp:
@@ -415,7 +431,7 @@ def check_gpus(launch: Launch, runs: list[Run], fixed: set[str]) -> None:
     """Refuse a launch that starts more processes on a machine than it has GPUs: accelerate gives
     each process the GPU of its local rank, and those past the last fail at start-up. The fix is the
     largest count the GPUs take that splits every run's batch. A machine without any GPU runs every
-    launch on CPU processes (qeebm.backends.make_accelerator): nothing to compare there."""
+    launch on CPU processes (qeebm.training.backends.make_accelerator): nothing to compare there."""
     if not launch.gpus or launch.per_machine < 2:
         return
     import torch
@@ -456,7 +472,7 @@ def build_plan(recipe: Recipe, args: argparse.Namespace) -> Plan:
     to_model_code(recipe.tgt_lang, choice.family)
     # FSDP and ZeRO-3 shard the weights every method samples from: refused before the data download,
     # as the launch's workers would refuse them (under `bash`, before it starts them).
-    from qeebm.backends import check_backend_request
+    from qeebm.training.backends import check_backend_request
 
     launch = current_launch()
     check_backend_request(env=launch.env)
@@ -579,7 +595,7 @@ def format_plan(plan: Plan) -> str:
     lines.append("")
     if plan.tiny is None:
         lines.append(f"1. data: {r.corpus.describe()}: all splits <= 50 {plan.model} tokens per side, train capped "
-                     f"at 200000 pairs, 20% labelled, every training source in the source-only pool (qeebm/data_prep.py)")
+                     f"at 200000 pairs, 20% labelled, every training source in the source-only pool (qeebm/data/prepare.py)")
         state = "already prepared" if is_prepared(plan.data_dir) else "downloaded on the first real run"
         lines.append(f"   -> {plan.data_dir}/{{train.tsv,mono.txt,dev.tsv,test.tsv}} ({state})")
     else:
@@ -612,7 +628,7 @@ def format_plan(plan: Plan) -> str:
                   "--system SYSTEM+rerank   -> RUN_DIR/eval/test-rerank.json"]
     known = [d for d in disks if d is not None]
     models, ckpts = sum(d.model_bytes for d in known), sum(d.checkpoints * d.checkpoint_bytes for d in known)
-    lines += ["", f"disk, computed from the plan (fp32, qeebm/disk.py): {disk.size(models)} of model directories "
+    lines += ["", f"disk, computed from the plan (fp32, qeebm/experiments/disk.py): {disk.size(models)} of model directories "
               f"and {disk.size(ckpts)} of checkpoints for {len(known)} of {len(disks)} runs under {plan.out}, "
               "besides the data and the Hugging Face cache"]
     lines += ["",
@@ -632,22 +648,11 @@ def _free_memory() -> None:
         torch.cuda.empty_cache()
 
 
-def prepare_corpus(plan: Plan) -> None:
-    """The data step: the corpus downloaded and split into ``plan.data_dir`` (once)."""
-    from qeebm.data_prep import prepare
-
-    cfg = plan.runs[0].cfg
-    choice = MODELS[plan.model]
-    prepare(plan.recipe.corpus, plan.data_dir, tokenizer=choice.hub_id,
-            src_code=to_model_code(cfg.model.src_lang, choice.family),
-            tgt_code=to_model_code(cfg.model.tgt_lang, choice.family), max_tokens=cfg.data.max_tokens)
-
-
 def prepare_data(plan: Plan, state) -> None:
     if plan.tiny is not None:
         return
     if state.is_local_main_process:
-        prepare_corpus(plan)
+        plan.prepare_corpus()
         return
     # Polling the manifest instead of a barrier: a download may outlast NCCL's collective timeout,
     # and if the main process fails the launcher ends this one.
@@ -656,7 +661,7 @@ def prepare_data(plan: Plan, state) -> None:
 
 
 def train_runs(plan: Plan) -> None:
-    from qeebm.loop import train
+    from qeebm.training.loop import train
 
     for i, run in enumerate(plan.runs, 1):
         if (run.run_dir / "final").is_dir():
@@ -674,19 +679,13 @@ def train_runs(plan: Plan) -> None:
         _free_memory()
 
 
-def metric_spec(plan: Plan):
-    from qeebm.evaluate import MetricSpec
-
-    return MetricSpec.tinyworld(plan.tiny) if plan.tiny is not None else MetricSpec()
-
-
 def evaluate_runs(plan: Plan) -> None:
-    """Each run's best model on the test set, through qeebm/evaluate.py (the numbers comet-score and
+    """Each run's best model on the test set, through qeebm/evaluation/evaluate.py (the numbers comet-score and
     sacrebleu would give). Main process only: it takes no collective, so the other processes may
     already have left and no barrier can time out during a long XCOMET-XL pass."""
-    from qeebm.evaluate import evaluate_run, selection_split, selection_system
+    from qeebm.evaluation.evaluate import evaluate_run, selection_split, selection_system
 
-    spec = metric_spec(plan)
+    spec = plan.metric_spec()
     rerank = plan.selection()
     for i, run in enumerate(plan.runs, 1):
         # best/ (selected by eval.metric) as test.json; each eval.also_best choice as test-best-<metric>.json;
@@ -718,7 +717,7 @@ def selections(run: Run) -> list[tuple[str, str]]:
 
 def compare_runs(plan: Plan) -> str:
     """The comparison of the best/ choices, and (written beside it) of each other selection."""
-    from qeebm.compare import run as compare
+    from qeebm.evaluation.compare import run as compare
 
     text = compare(plan.run_dirs() + plan.rerank_reports(), baseline=plan.baseline, out=plan.results, plots=True)
     splits = dict.fromkeys(split for run in plan.runs for _, split in selections(run)[1:])
@@ -733,10 +732,10 @@ def qe_check(plan: Plan) -> Path:
     """``qeebm qe-check`` of the plan's translator, the QE its QE-trained systems optimise (with their
     guard settings) and its dev set, measured against the evaluation's reference-based COMET too;
     the data is prepared first, as the real run would. Returns the report directory."""
-    from qeebm.qe.check import run
+    from qeebm.analysis.qe_check import run
 
     if plan.tiny is None:  # one process: under a launcher only the main one gets here
-        prepare_corpus(plan)
+        plan.prepare_corpus()
     cfg = next((r.cfg for r in plan.runs if r.system != "sft"), plan.runs[0].cfg)
     out = plan.out / "qe-check" / plan.model
     result = run(cfg.qe.path, cfg.model.name_or_path, cfg.data.dev.path, out, src_lang=cfg.model.src_lang,
@@ -751,7 +750,7 @@ def execute(plan: Plan) -> None:
     import torch
     from accelerate import PartialState
 
-    # As qeebm/loop.py's Accelerator: without cpu=True, processes on a machine without CUDA would each
+    # As qeebm/training/loop.py's Accelerator: without cpu=True, processes on a machine without CUDA would each
     # think they are alone instead of joining one gloo group.
     state = PartialState(cpu=not torch.cuda.is_available())
     if plan.tiny is not None:
@@ -760,7 +759,7 @@ def execute(plan: Plan) -> None:
     if state.is_local_main_process:
         # Seconds: a model or data set this plan cannot have (a licence not accepted for XCOMET, which
         # only the evaluation reads) stops it now, not after the trainings.
-        from qeebm import preflight
+        from qeebm.experiments import preflight
 
         preflight.access(plan)
     prepare_data(plan, state)
@@ -821,7 +820,7 @@ def main(recipe: Union[Recipe, Callable], argv: Optional[list[str]] = None, prog
             return 0
         if args.check:
             if _is_local_main_process():
-                from qeebm import preflight
+                from qeebm.experiments import preflight
 
                 print(f"check of {prog}: model {plan.model}, {len(plan.runs)} runs, {format_split(plan)}", flush=True)
                 preflight.check(plan)
@@ -949,5 +948,5 @@ def corpus_code(nllb: str, corpus_lang: Optional[str]) -> str:
 if __name__ == "__main__":
     if len(sys.argv) >= 3 and sys.argv[1] == "relaunch":
         sys.exit(relaunch(sys.argv[2], sys.argv[3:]))
-    print("usage: python -m qeebm.recipe relaunch RECIPE [ARGS]  (what `bash recipes/<pair>.sh` runs)", file=sys.stderr)
+    print("usage: python -m qeebm.experiments.recipe relaunch RECIPE [ARGS]  (what `bash recipes/<pair>.sh` runs)", file=sys.stderr)
     sys.exit(2)

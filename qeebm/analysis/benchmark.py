@@ -174,12 +174,12 @@ def instrument(timer: PhaseTimer) -> None:
     """Wrap the step's heavy functions (see the module docstring) for the run that follows."""
     from transformers import M2M100ForConditionalGeneration, MBartForConditionalGeneration, XLMRobertaModel
 
-    import qeebm.loop
+    import qeebm.training.loop
     import qeebm.qe.energy
     import qeebm.qe.scoring
     from qeebm.qe.bridge import Bridge
     from qeebm.qe.energy import KiwiEnergy
-    from qeebm.translator import Translator
+    from qeebm.translation.translator import Translator
 
     def arg(args, kwargs, i, name):
         return args[i] if len(args) > i else kwargs.get(name)
@@ -222,7 +222,7 @@ def instrument(timer: PhaseTimer) -> None:
         product = 2.0 * seen * logits.shape[-1] * qe_embeddings.shape[1]
         return with_backward(out, product if relaxation == "softmax" else 0.0, product)
 
-    timer.wrap_step(qeebm.loop, "train_step")
+    timer.wrap_step(qeebm.training.loop, "train_step")
     timer.wrap(Translator, "generate_ids", "sampling", sampling_flops)
     for cls in (M2M100ForConditionalGeneration, MBartForConditionalGeneration):
         timer.wrap(cls, "forward", "replay", replay_flops)

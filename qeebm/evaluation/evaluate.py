@@ -1,6 +1,6 @@
 """Scoring a system's test-set translations: sacrebleu BLEU, chrF++ and TER, the COMET family, judges.
 
-``evaluate_system`` (and ``qeebm evaluate``) produce the evaluation report of qeebm/report.py: BLEU,
+``evaluate_system`` (and ``qeebm evaluate``) produce the evaluation report of qeebm/evaluation/report.py: BLEU,
 chrF++ and TER as the ``sacrebleu`` command line computes them, and COMET, COMET-Kiwi, XCOMET and any
 held-out judge as ``comet-score`` computes them. Neural metrics go through comet's own ``predict``
 with comet-score's settings (the model in half precision, length batching by source, batch 16): in
@@ -27,8 +27,9 @@ import torch
 
 from qeebm.config import CorpusConfig, GenerationConfig
 from qeebm.errors import QeebmError
-from qeebm.decoding import decode_test
-from qeebm.report import SACREBLEU_METRICS
+from qeebm.methods import METHODS
+from qeebm.translation.decoding import decode_test
+from qeebm.metrics.registry import DEFAULT_MODELS, SACREBLEU_METRICS
 
 log = logging.getLogger(__name__)
 
@@ -37,15 +38,10 @@ log = logging.getLogger(__name__)
 # Which metrics, with which models
 
 QE_METRICS = ("comet", "kiwi", "xcomet")
-DEFAULT_QE_MODELS = {
-    "comet": "Unbabel/wmt22-comet-da",
-    "kiwi": "Unbabel/wmt22-cometkiwi-da",
-    "xcomet": "Unbabel/XCOMET-XL",
-}
 DEFAULT_QE_BATCH_SIZE = 16  # comet-score's
 PRECISIONS = ("fp16", "fp32")
 # Methods whose reward or energy is the QE named by the config key qe.path (or reward.terms).
-QE_TRAINED_METHODS = frozenset({"qe-ebm", "reinforce", "ppo", "grpo", "qe-finetune", "dpo", "cpo"})
+QE_TRAINED_METHODS = frozenset(name for name, method in METHODS.items() if method.trained_on_qe)
 # A judge's name becomes a report key and a compare column: keep it a plain word.
 JUDGE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.-]*\Z")
 _RESERVED = frozenset(SACREBLEU_METRICS + QE_METRICS + ("src", "ref", "hyp", "judges"))
@@ -62,12 +58,12 @@ class MetricSpec:
     training. ``batch_sizes``: by metric name ("judge" covers every judge without its own entry).
     ``precision``: "fp16" as comet-score, or "fp32". ``device``: None takes CUDA when present.
     ``bleu_tokenize``: sacrebleu's BLEU tokenizer; None takes sacrebleu's default for the target
-    language (qeebm.report.bleu_tokenizer: zh, ja-mecab, ko-mecab, else 13a)."""
+    language (qeebm.metrics.sacrebleu.bleu_tokenizer: zh, ja-mecab, ko-mecab, else 13a)."""
 
     metrics: Optional[Sequence[str]] = None
-    comet: Optional[str] = DEFAULT_QE_MODELS["comet"]
-    kiwi: Optional[str] = DEFAULT_QE_MODELS["kiwi"]
-    xcomet: Optional[str] = DEFAULT_QE_MODELS["xcomet"]
+    comet: Optional[str] = DEFAULT_MODELS["comet"]
+    kiwi: Optional[str] = DEFAULT_MODELS["kiwi"]
+    xcomet: Optional[str] = DEFAULT_MODELS["xcomet"]
     judges: dict = field(default_factory=dict)
     batch_sizes: dict = field(default_factory=dict)
     precision: str = "fp16"
@@ -241,7 +237,7 @@ def qe_scores(model_path: str, src: Sequence[str], hyp: Sequence[str], ref: Opti
 
 def read_test(test) -> tuple[list[str], list[str], Optional[str]]:
     """(sources, references, path) of a test corpus given as a path, a CorpusConfig or a Corpus."""
-    from qeebm.data import Corpus, read_corpus
+    from qeebm.data.corpus import Corpus, read_corpus
 
     if isinstance(test, Corpus):
         if test.tgt is None:
@@ -307,14 +303,14 @@ def evaluate_system(
     tgt_lang: Optional[str] = None,
     reward_terms: Optional[Sequence[dict]] = None,
 ) -> dict:
-    """Score one system on a test set; returns its validated report (qeebm/report.py format).
+    """Score one system on a test set; returns its validated report (qeebm/evaluation/report.py format).
 
     ``hyps_or_translator``: one hypothesis per test segment, or a ``Translator`` that decodes the
     test sources with ``generation`` (default GenerationConfig: beam 5, 50 new tokens) where it is.
     ``test``: a corpus path, CorpusConfig or Corpus with references. ``metrics``: default
     ``MetricSpec()`` (the public hub models). ``trained_on``: the metric the system was optimised
     against, or None; ``heldout``: "auto" is every neural metric computed except ``trained_on`` and
-    the one the selection maximised. ``selection``: a ``qeebm.qad.Selection`` the translator's
+    the one the selection maximised. ``selection``: a ``qeebm.translation.qad.Selection`` the translator's
     candidates go through, or (with hypotheses) the record of the selection that chose them
     (``qad.selection_report``). ``tgt_lang``: the target language (NLLB or mBART-50 code), whose
     sacrebleu default chooses BLEU's tokenizer unless ``metrics.bleu_tokenize`` does; default: the
@@ -322,8 +318,8 @@ def evaluate_system(
     composite reward the system was trained against (``infer_reward_terms``), recorded in the report;
     "auto" held-out metrics leave out every term's metric too. ``model``, ``decoding`` and
     ``data_path`` are provenance only."""
-    from qeebm.qad import Selection, check_selection_model, decode_and_select
-    from qeebm.report import bleu_tokenizer
+    from qeebm.translation.qad import Selection, check_selection_model, decode_and_select
+    from qeebm.metrics.sacrebleu import bleu_tokenizer
 
     spec = metrics or MetricSpec()
     names = spec.selected()
@@ -370,7 +366,7 @@ def evaluate_system(
         trained = {trained_on, selected_on} | {t.get("metric") for t in reward_terms or ()}
         heldout = [n for n in neural if n not in trained]
 
-    from qeebm.report import build_report, validate_report
+    from qeebm.evaluation.report import build_report, validate_report
 
     sacre = [n for n in SACREBLEU_METRICS if n in names]
     report = build_report(system=system, seed=seed, config_id=config_id, hyp=hyps, ref=ref, src=src,
@@ -390,7 +386,7 @@ def evaluate_system(
 
 def selection_generation(gen: GenerationConfig, selection: dict) -> GenerationConfig:
     """The decoding that made a selection's candidates (for the report's ``decoding``)."""
-    from qeebm.qad import candidate_generation
+    from qeebm.translation.qad import candidate_generation
 
     return candidate_generation(gen, selection["candidates"], selection["mode"])
 
@@ -423,7 +419,7 @@ def eval_report_path(run_dir: Union[str, Path], split: str = "test") -> Path:
 
 def write_eval(report: dict, run_dir: Union[str, Path], split: str = "test") -> Path:
     """Write a report where scripts/compare.py looks for it: ``<run>/eval/<split>.json``."""
-    from qeebm.report import write_report
+    from qeebm.evaluation.report import write_report
 
     return write_report(eval_report_path(run_dir, split), report)
 
@@ -488,7 +484,7 @@ def _same_model(a: str, b: str) -> bool:
 def _term_metric(path: str, spec: MetricSpec) -> str:
     """The report metric a reward term is: chrF++ for ``chrf``, the metric whose model is ``path``,
     else "kiwi" (as ``infer_trained_on``: an unknown QE is taken for a CometKiwi-style estimator)."""
-    from qeebm.qad import CHRF
+    from qeebm.translation.qad import CHRF
 
     if path == CHRF:
         return "chrf"
@@ -545,12 +541,12 @@ def run_metric_spec(config: Optional[dict], spec: MetricSpec) -> MetricSpec:
 def translate_test(model: str, src_lang: str, tgt_lang: str, src: list[str], gen: GenerationConfig,
                     device: Optional[str], selection=None) -> tuple[list[str], dict, float, Optional[dict]]:
     """(hypotheses, decoding provenance, seconds, the selection's record or None) of a saved
-    translator on the test sources, with ``selection`` (a ``qeebm.qad.Selection``) choosing among
+    translator on the test sources, with ``selection`` (a ``qeebm.translation.qad.Selection``) choosing among
     its candidates if given. The translator is freed before returning, and before a selection's
     model is loaded: the QE models come next, one at a time."""
     from qeebm.config import ModelConfig
-    from qeebm.qad import decode_and_select
-    from qeebm.translator import Translator
+    from qeebm.translation.qad import decode_and_select
+    from qeebm.translation.translator import Translator
 
     decoding: dict = {}
 
@@ -583,10 +579,10 @@ def evaluate_run(run_dir: Union[str, Path], test=None, metrics: Optional[MetricS
     and write ``<run>/eval/<split>.json`` (with a ``selection``: ``<split>-<rule>.json``, system
     ``<system>+<rule>``). ``test`` defaults to the run's data.test; system, seed, config_id and
     trained_on come from the run's config.yaml unless given. Returns (report, path)."""
-    from qeebm.data import Corpus
-    from qeebm.qad import check_selection_model
-    from qeebm.report import bleu_tokenizer
-    from qeebm.report import config_id as make_config_id
+    from qeebm.data.corpus import Corpus
+    from qeebm.translation.qad import check_selection_model
+    from qeebm.metrics.sacrebleu import bleu_tokenizer
+    from qeebm.evaluation.report import config_id as make_config_id
 
     config = run_config(run_dir)
     if config is None:

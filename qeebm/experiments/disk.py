@@ -57,7 +57,7 @@ class RunDisk:
 def _config(name: str):
     from transformers import AutoConfig
 
-    from qeebm.translator import _local_dir
+    from qeebm.translation.translator import _local_dir
 
     local = _local_dir(name)
     if local is not None:
@@ -77,7 +77,7 @@ def translator_counts(cfg: ModelConfig) -> Optional[Counts]:
     import torch
     from transformers import AutoModelForSeq2SeqLM
 
-    from qeebm.translator import _add_bottleneck, _peft_config
+    from qeebm.translation.translator import _add_bottleneck, _peft_config
 
     config = _config(cfg.name_or_path)
     if config is None:

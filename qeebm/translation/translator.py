@@ -21,8 +21,8 @@ import torch
 
 from qeebm.config import BottleneckConfig, GenerationConfig, LoraConfig, ModelConfig
 from qeebm.errors import QeebmError, first_line
-from qeebm.integrity import check_model_dir, seal_model_dir
-from qeebm.langcodes import to_model_code
+from qeebm.utils.integrity import check_model_dir, seal_model_dir
+from qeebm.utils.langcodes import to_model_code
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ def _local_dir(name: str) -> Path | None:
 
 
 def _hub_error(name: str, err: Exception) -> QeebmError:
-    from qeebm import hub
+    from qeebm.utils import hub
 
     if hub.hub_cause(err) is not None:
         # The hub answered (a gated or missing repository) or the way there failed: say which.
@@ -107,7 +107,7 @@ def weight_files(name: str) -> tuple[Path, list[str]]:
     """Where model ``name``'s weights are read from (a hub id: its snapshot in the local Hugging Face
     cache) and the weight files there that transformers loads: its safetensors files when there are
     any (it prefers them), else its PyTorch ones."""
-    from qeebm import hub
+    from qeebm.utils import hub
 
     root = _local_dir(name) or hub.cached(name)
     if root is None:
@@ -667,7 +667,7 @@ class Translator:
         reloads both, while transformers alone would load the base without the adapter (see
         docs/training.md for loading it with the adapters package). A dropout override is not saved:
         the written config keeps the checkpoint's own dropout rates. ``digests.json`` records every
-        file's size and sha256 (qeebm.integrity), checked by ``Translator.load``."""
+        file's size and sha256 (qeebm.utils.integrity), checked by ``Translator.load``."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         if self.is_lora and merge_lora:
@@ -715,7 +715,7 @@ def translate_file(
     selection=None,
 ) -> int:
     """``qeebm translate``: one translation per input line (empty lines stay empty); returns the count.
-    With ``selection`` (a ``qeebm.qad.Selection``) each line's translation is the one it chooses
+    With ``selection`` (a ``qeebm.translation.qad.Selection``) each line's translation is the one it chooses
     among the candidates."""
     in_path, out_path = Path(in_path), Path(out_path)
     if not in_path.is_file():
@@ -734,7 +734,7 @@ def translate_file(
     if selection is None:
         hyps = load().generate(src, gen)
     else:
-        from qeebm.qad import check_selection_model, decode_and_select
+        from qeebm.translation.qad import check_selection_model, decode_and_select
 
         check_selection_model(selection)
         hyps, _ = decode_and_select(load, src, gen, selection, torch.device(device))
