@@ -9,8 +9,8 @@ import logging
 import sys
 from pathlib import Path
 
-from qeebm.utils.process import setup_process
 from qeebm.errors import QeebmError
+from qeebm.utils.process import setup_process
 
 CONFIG_HELP = "YAML file with the settings that differ from the defaults (see qeebm/config.py)"
 OVERRIDE_HELP = "dotted overrides applied after the YAML file, e.g. optim.lr=1e-4 model.lora.enabled=true"
@@ -31,8 +31,8 @@ def cmd_tinyworld_build(args: argparse.Namespace) -> None:
 
 
 def cmd_tinyworld_build_top(args: argparse.Namespace) -> None:
-    from qeebm.tinyworld.world import is_built
     from qeebm.tinyworld.toprange import add_top_range
+    from qeebm.tinyworld.world import is_built
 
     if not is_built(args.dir):
         raise QeebmError(f"{args.dir}: not a built tiny world (no manifest.json); build it first")

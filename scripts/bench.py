@@ -192,7 +192,7 @@ def bench_scoring(args) -> None:
                                      "floor": lambda: flop / (matmul_gflops(reps=2) * 1e9)}, reps)
             rows.append((name, n, tokens, params, {k: n / t for k, t in best.items()},
                          best["scorer"]))
-            del model
+            model = None  # frees it before the next shape; the closures above are done with it
     print(f"load average after: {os.getloadavg()[0]:.1f}\n")
     print("| QE | segments | encoded tokens | matmul params | predict seg/s | QEScorer seg/s | "
           "QEScorer / predict | padded encoder loop seg/s | FLOP floor seg/s | QEScorer time / floor |")
@@ -418,9 +418,9 @@ def preempt_worker(overrides: list[str], threads: int, signal_at: int, runs: int
     torch.set_num_threads(threads)
     logging.disable(logging.WARNING)  # the preemption's own lines, once per run, would split the table
     import qeebm.training.loop
-    from qeebm.training import checkpoint as ckpt
     from qeebm.config import load_config
     from qeebm.experiments.demo import CONFIGS
+    from qeebm.training import checkpoint as ckpt
 
     real_backward, real_save, real_step = qeebm.training.loop.backward, ckpt.save_checkpoint, qeebm.training.loop.train_step
     marks: dict = {}
@@ -467,10 +467,10 @@ def save_rate(params: int, root: Path) -> tuple[int, float, float]:
     """Bytes and seconds of ``checkpoint.save_checkpoint`` (write, digests, rename) for a model of
     ``params`` fp32 parameters with AdamW moments, in this process; and the seconds of the digests
     alone, taken again on the files it wrote."""
-    from qeebm.utils.integrity import seal
     from accelerate import Accelerator
 
     from qeebm.training import checkpoint as ckpt
+    from qeebm.utils.integrity import seal
 
     width = 4096
     model = torch.nn.Sequential(*[torch.nn.Linear(width, width, bias=False) for _ in range(max(1, params // width**2))])

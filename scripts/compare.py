@@ -18,8 +18,8 @@ try:
 except ImportError:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from qeebm.evaluation.compare import DEFAULT_CURVE_KEYS, FORMATTERS, run
 from qeebm.errors import QeebmError
+from qeebm.evaluation.compare import DEFAULT_CURVE_KEYS, FORMATTERS, run
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -52,21 +52,20 @@ def main(argv=None) -> int:
 
     import torch
 
-    from qeebm.config import ModelConfig
-    from qeebm.data.corpus import read_corpus
-    from qeebm.config import CorpusConfig
     from qeebm.analysis.gradient_bias import (
+        QE_PASSES,
         agreement,
         cv_weight,
         draw,
         estimate,
         group_rows,
         qe_cost,
-        QE_PASSES,
         relaxed_gradient,
         score_function_gradient,
         signal_to_noise,
     )
+    from qeebm.config import CorpusConfig, ModelConfig
+    from qeebm.data.corpus import read_corpus
     from qeebm.qe.energy import load_energy
     from qeebm.translation.translator import Translator
 

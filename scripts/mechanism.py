@@ -35,10 +35,10 @@ try:
 except ImportError:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from qeebm.analysis.probe import qe_only_overrides, start_metrics
 from qeebm.config import data_path_overrides
 from qeebm.experiments.demo import train_worker
 from qeebm.utils.process import setup_process
-from qeebm.analysis.probe import qe_only_overrides, start_metrics
 from qeebm.utils.runlog import read_metrics, validations
 
 # name -> (recipe, overrides): every variant optimises Kiwi alone.

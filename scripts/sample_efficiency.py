@@ -25,8 +25,8 @@ try:
 except ImportError:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from qeebm.config import SEEDS
 from qeebm.analysis.gradient_bias import qe_cost
+from qeebm.config import SEEDS
 from qeebm.utils.runlog import validations
 
 SYSTEMS = ("reinforce-oracle", "qe-ebm-oracle", "qe-ebm-softmax-oracle", "qe-ebm-reinmax-oracle",

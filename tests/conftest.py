@@ -13,10 +13,18 @@ import pytest
 
 @pytest.fixture(scope="session")
 def micro_world(tmp_path_factory) -> Path:
-    """A seconds-long tiny-world build (``--size micro``), shared by the tests that need a whole world."""
+    """A seconds-long tiny-world build (``--size micro``), shared by the tests that need a whole world
+    and, under pytest-xdist, built once for all the workers of a run (the first one builds it, the
+    others wait for it). Read-only: a test that needs to change a world builds its own."""
+    from filelock import FileLock
+
     from qeebm.tinyworld.build import build
 
-    return build(tmp_path_factory.mktemp("world") / "tinyworld", seed=0, size="micro")
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the run's directory, above each worker's own
+    with FileLock(str(root / "micro-world.lock")):
+        return build(root / "micro-world" / "tinyworld", seed=0, size="micro")
 
 
 @pytest.fixture
@@ -28,3 +36,49 @@ def fresh_accelerate_state():
     AcceleratorState._reset_state(reset_partial_state=True)
     yield
     AcceleratorState._reset_state(reset_partial_state=True)
+
+
+@pytest.fixture(scope="session")
+def kiwi_world(tmp_path_factory) -> dict:
+    """A tiny translator's world with source-only sentences and a tiny random CometKiwi
+    (``support.qe.write_kiwi_world``): the qe-ebm and fault tests' runs read it, never write it."""
+    from support.qe import write_kiwi_world
+
+    return write_kiwi_world(tmp_path_factory.mktemp("kiwi-world"))
+
+
+@pytest.fixture
+def length_scorer(monkeypatch):
+    """Every method's QE is a LengthScorer."""
+    from qeebm.methods import common
+
+    from support.qe import LengthScorer
+
+    monkeypatch.setattr(common, "build_scorer", lambda cfg, device: LengthScorer())
+
+
+# The energy tests' world (support.energy): its Kiwi and translators, loaded once per module because
+# tests move them between modes and devices.
+@pytest.fixture(scope="module")
+def kiwi_path():
+    from support.energy import energy_world
+
+    return energy_world().kiwi
+
+
+@pytest.fixture(scope="module")
+def kiwi(kiwi_path):
+    from support.energy import load_kiwi
+
+    return load_kiwi(kiwi_path)
+
+
+@pytest.fixture(scope="module")
+def translators():
+    from qeebm.config import ModelConfig
+    from qeebm.translation.translator import Translator
+
+    from support.energy import FAMILIES, energy_world
+
+    return {fam: Translator.load(ModelConfig(name_or_path=str(energy_world().translators[fam]), dropout=0.0))
+            for fam in FAMILIES}

@@ -174,9 +174,9 @@ def instrument(timer: PhaseTimer) -> None:
     """Wrap the step's heavy functions (see the module docstring) for the run that follows."""
     from transformers import M2M100ForConditionalGeneration, MBartForConditionalGeneration, XLMRobertaModel
 
-    import qeebm.training.loop
     import qeebm.qe.energy
     import qeebm.qe.scoring
+    import qeebm.training.loop
     from qeebm.qe.bridge import Bridge
     from qeebm.qe.energy import KiwiEnergy
     from qeebm.translation.translator import Translator

@@ -28,8 +28,8 @@ import torch
 
 from qeebm.config import GenerationConfig
 from qeebm.methods.control_variate import control_terms, leave_one_out, surrogate
-from qeebm.methods.sampling import Samples, action_mask, sample
 from qeebm.methods.rl import policy_logits, sequence_logprobs
+from qeebm.methods.sampling import Samples, action_mask, sample
 from qeebm.translation.translator import eval_mode, output_rows
 
 

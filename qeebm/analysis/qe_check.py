@@ -673,7 +673,7 @@ def format_markdown(result: dict, plots: Sequence[Path] = ()) -> str:
         lines += [""] + [f"Note: {n}." for n in result["notes"]]
     if plots:
         lines += [""] + [f"![{p.stem}]({p.name})" for p in plots]
-    lines += ["", f"Thresholds and the measurements behind them: docs/qe-check.md. Seconds: "
+    lines += ["", "Thresholds and the measurements behind them: docs/qe-check.md. Seconds: "
               + ", ".join(f"{k} {s:.0f}" for k, s in result["seconds"].items()) + "."]
     return "\n".join(lines) + "\n"
 

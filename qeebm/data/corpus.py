@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
-
 from qeebm.config import CHOICES, CORPUS_FORMATS, CorpusConfig
 from qeebm.errors import QeebmError, first_line
 

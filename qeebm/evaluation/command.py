@@ -10,7 +10,6 @@ from typing import Optional, Sequence
 
 from qeebm.config import CorpusConfig, GenerationConfig
 from qeebm.errors import QeebmError
-from qeebm.metrics.registry import DEFAULT_MODELS
 from qeebm.evaluation.evaluate import (
     JUDGE_NAME,
     QE_METRICS,
@@ -23,15 +22,15 @@ from qeebm.evaluation.evaluate import (
     infer_trained_on,
     read_hypotheses,
     run_config,
-    run_model_dir,
     run_metric_spec,
+    run_model_dir,
     run_of_model,
     selection_split,
     selection_system,
     system_name,
     translate_test,
 )
-from qeebm.metrics.registry import SACREBLEU_METRICS
+from qeebm.metrics.registry import DEFAULT_MODELS, SACREBLEU_METRICS
 from qeebm.metrics.sacrebleu import bleu_tokenizer
 
 
@@ -90,7 +89,6 @@ def evaluate_main(args) -> dict:
     from qeebm.data.corpus import read_corpus
     from qeebm.evaluation.report import config_id as make_config_id
     from qeebm.evaluation.report import write_report
-
     from qeebm.translation.qad import check_selection_model, selection_from_args
 
     spec = metric_spec_from_args(args)

@@ -42,6 +42,8 @@ import numpy as np
 
 from qeebm import __version__ as QEEBM_VERSION
 from qeebm.errors import QeebmError
+from qeebm.evaluation.plots import DEFAULT_CURVE_KEYS, plot_curves, plot_forest
+from qeebm.evaluation.report import TEXT_KEYS, read_report
 from qeebm.metrics.bootstrap import (
     paired_bootstrap_p,
     percentile_ci,
@@ -50,9 +52,7 @@ from qeebm.metrics.bootstrap import (
     sacrebleu_paired_p,
     seed_pairs,
 )
-from qeebm.evaluation.plots import DEFAULT_CURVE_KEYS, plot_curves, plot_forest
 from qeebm.metrics.registry import SACREBLEU_METRICS, column, higher_is_better, label, scale
-from qeebm.evaluation.report import TEXT_KEYS, read_report
 from qeebm.metrics.sacrebleu import corpus_from_stats, mean_stats, metric_signature, segment_stats
 
 ALPHA = 0.05

@@ -28,8 +28,9 @@ import torch
 from qeebm.config import CorpusConfig, GenerationConfig
 from qeebm.errors import QeebmError
 from qeebm.methods import METHODS
-from qeebm.translation.decoding import decode_test
 from qeebm.metrics.registry import DEFAULT_MODELS, SACREBLEU_METRICS
+from qeebm.translation.decoding import decode_test
+from qeebm.translation.qad import Selection
 
 log = logging.getLogger(__name__)
 
@@ -299,7 +300,7 @@ def evaluate_system(
     trained_on: Optional[str] = None,
     heldout: Union[Sequence[str], str] = "auto",
     data_path: Optional[str] = None,
-    selection: Union["Selection", dict, None] = None,
+    selection: Union[Selection, dict, None] = None,
     tgt_lang: Optional[str] = None,
     reward_terms: Optional[Sequence[dict]] = None,
 ) -> dict:
@@ -318,8 +319,8 @@ def evaluate_system(
     composite reward the system was trained against (``infer_reward_terms``), recorded in the report;
     "auto" held-out metrics leave out every term's metric too. ``model``, ``decoding`` and
     ``data_path`` are provenance only."""
-    from qeebm.translation.qad import Selection, check_selection_model, decode_and_select
     from qeebm.metrics.sacrebleu import bleu_tokenizer
+    from qeebm.translation.qad import Selection, check_selection_model, decode_and_select
 
     spec = metrics or MetricSpec()
     names = spec.selected()
@@ -580,9 +581,9 @@ def evaluate_run(run_dir: Union[str, Path], test=None, metrics: Optional[MetricS
     ``<system>+<rule>``). ``test`` defaults to the run's data.test; system, seed, config_id and
     trained_on come from the run's config.yaml unless given. Returns (report, path)."""
     from qeebm.data.corpus import Corpus
-    from qeebm.translation.qad import check_selection_model
-    from qeebm.metrics.sacrebleu import bleu_tokenizer
     from qeebm.evaluation.report import config_id as make_config_id
+    from qeebm.metrics.sacrebleu import bleu_tokenizer
+    from qeebm.translation.qad import check_selection_model
 
     config = run_config(run_dir)
     if config is None:

@@ -38,12 +38,19 @@ from pathlib import Path
 import torch
 import yaml
 
-from qeebm.utils import resources
-from qeebm.config import (ESTIMATOR_SYSTEMS, EXTRA_SYSTEMS, KIWI_ESTIMATOR_SYSTEMS, ORACLE_SYSTEMS, SEEDS, SYSTEMS,
-                          data_path_overrides)
-from qeebm.utils.runlog import validations
+from qeebm.config import (
+    ESTIMATOR_SYSTEMS,
+    EXTRA_SYSTEMS,
+    KIWI_ESTIMATOR_SYSTEMS,
+    ORACLE_SYSTEMS,
+    SEEDS,
+    SYSTEMS,
+    data_path_overrides,
+)
 from qeebm.tinyworld.build import build
 from qeebm.tinyworld.world import is_built
+from qeebm.utils import resources
+from qeebm.utils.runlog import validations
 
 log = logging.getLogger("qeebm.experiments.demo")
 

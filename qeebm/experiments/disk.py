@@ -73,7 +73,17 @@ def _config(name: str):
 
 def translator_counts(cfg: ModelConfig) -> Optional[Counts]:
     """The values a translator of ``cfg`` saves and trains, or None when its architecture is not
-    known offline."""
+    known offline. Counted once per setting in a process (the recipes' plans share their models)."""
+    key = repr(cfg)
+    if key not in _COUNTED:
+        _COUNTED[key] = _count(cfg)
+    return _COUNTED[key]
+
+
+_COUNTED: dict[str, Optional[Counts]] = {}
+
+
+def _count(cfg: ModelConfig) -> Optional[Counts]:
     import torch
     from transformers import AutoModelForSeq2SeqLM
 

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from qeebm.utils import hub
 from qeebm.errors import QeebmError
+from qeebm.utils import hub
 
 
 @dataclass

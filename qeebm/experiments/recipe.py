@@ -43,15 +43,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, Optional, Union
 
-from qeebm.experiments import disk
-from qeebm.utils import resources
 from qeebm.config import EXTRA_SYSTEMS, SEEDS, SYSTEMS, Config, data_path_overrides, flat_dict, load_config, to_dict
 from qeebm.data.prepare import HubCorpus, is_prepared
-from qeebm.utils.process import setup_process
 from qeebm.errors import QeebmError
-from qeebm.utils.langcodes import NLLB_TO_MBART50, to_model_code
-from qeebm.translation.qad import DEFAULT_CANDIDATES
+from qeebm.experiments import disk
 from qeebm.metrics.registry import DEFAULT_MODELS
+from qeebm.translation.qad import DEFAULT_CANDIDATES
+from qeebm.utils import resources
+from qeebm.utils.langcodes import NLLB_TO_MBART50, to_model_code
+from qeebm.utils.process import setup_process
 
 log = logging.getLogger("qeebm.experiments.recipe")
 

@@ -17,8 +17,8 @@ from qeebm.config import Config, GenerationConfig
 from qeebm.errors import QeebmError
 from qeebm.guards import GuardResult, check
 from qeebm.methods.base import Batch
-from qeebm.translation.qad import generate_candidates
 from qeebm.methods.rl import penalised_rewards
+from qeebm.translation.qad import generate_candidates
 from qeebm.translation.translator import eval_mode
 
 log = logging.getLogger(__name__)

@@ -43,9 +43,14 @@ from qeebm.config import Config
 from qeebm.errors import QeebmError
 from qeebm.guards import GuardResult, hit_rates
 from qeebm.methods.base import Batch, Method, StepOutput
-from qeebm.methods.common import (InitialPolicy, QEReward, check_static_qe, label_smoothed_ce, mono_references,
-                                  step_rewards)
-from qeebm.methods.sampling import Samples, mono_sources, replay, sample, sampling_config
+from qeebm.methods.common import (
+    InitialPolicy,
+    QEReward,
+    check_static_qe,
+    label_smoothed_ce,
+    mono_references,
+    step_rewards,
+)
 from qeebm.methods.rl import (
     AdaptiveKLController,
     FixedKLController,
@@ -59,6 +64,7 @@ from qeebm.methods.rl import (
     value_moments,
     whiten,
 )
+from qeebm.methods.sampling import Samples, mono_sources, replay, sample, sampling_config
 from qeebm.translation.translator import eval_mode
 
 

@@ -33,7 +33,7 @@ gains the </s> its generation never emitted.
 
 DPO: -log sigmoid(beta * ((log pi(c) - log pi(r)) - (log pi_ref(c) - log pi_ref(r)))), implicit
 reward beta * (log pi - log pi_ref). CPO: -log sigmoid(beta * (log pi(c) - log pi(r))), implicit
-reward beta * log pi. Both are TRL's sigmoid losses (tests/test_preference.py checks them against
+reward beta * log pi. Both are TRL's sigmoid losses (tests/integration/test_preference.py checks them against
 TRL 0.23.1). docs/method.md says what differs from TRL and ALMA-R.
 """
 
@@ -49,9 +49,9 @@ from qeebm.errors import QeebmError
 from qeebm.guards import GuardResult, hit_rates
 from qeebm.methods.base import Batch, Method, StepOutput
 from qeebm.methods.common import InitialPolicy, QEReward, Teacher, check_static_qe, label_smoothed_ce
+from qeebm.methods.rl import sequence_logprobs
 from qeebm.methods.sampling import mono_sources
 from qeebm.translation.qad import candidate_generation
-from qeebm.methods.rl import sequence_logprobs
 from qeebm.translation.translator import eval_mode
 
 # Why a source yields no pair.

@@ -49,17 +49,17 @@ import torch
 import torch.nn.functional as F
 
 from qeebm.config import Config, QeEbmConfig
-from qeebm.methods.diagnostics import grad_dot, grad_norm, gradient_stats, term_gradients, with_known_gradient
 from qeebm.errors import QeebmError
 from qeebm.guards import check, hit_rates
 from qeebm.methods.base import Batch, Method, StepOutput
 from qeebm.methods.common import label_smoothed_ce, mono_references, upcast
 from qeebm.methods.control_variate import CvWeight, control_terms, leave_one_out, surrogate
+from qeebm.methods.diagnostics import grad_dot, grad_norm, gradient_stats, term_gradients, with_known_gradient
+from qeebm.methods.rl import policy_logits, sequence_logprobs
 from qeebm.methods.sampling import mono_sources, sample, sampling_config
 from qeebm.qe.dynamic import DynamicQE, heldout_path
 from qeebm.qe.dynamic import check_config as check_qe_config
 from qeebm.qe.energy import load_energy
-from qeebm.methods.rl import policy_logits, sequence_logprobs
 from qeebm.translation.translator import eval_mode, output_rows
 
 if TYPE_CHECKING:

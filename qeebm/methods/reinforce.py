@@ -30,8 +30,8 @@ from qeebm.errors import QeebmError
 from qeebm.guards import GuardResult, hit_rates
 from qeebm.methods.base import Batch, Method, StepOutput
 from qeebm.methods.common import QEReward, check_static_qe, label_smoothed_ce, mono_references, step_rewards
-from qeebm.methods.sampling import Samples, mono_sources, replay, sample, sampling_config
 from qeebm.methods.rl import RunningMeanBaseline, normalise_rewards, policy_gradient_loss, rloo_baseline
+from qeebm.methods.sampling import Samples, mono_sources, replay, sample, sampling_config
 from qeebm.translation.translator import eval_mode
 
 

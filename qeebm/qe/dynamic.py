@@ -22,9 +22,8 @@ import torch.nn.functional as F
 from qeebm.config import QEConfig
 from qeebm.errors import QeebmError
 from qeebm.qe.heldout import HeldoutProbe, read_judged, ref_above_rate
-from qeebm.qe.trainable import PARTS
+from qeebm.qe.trainable import PARTS, trainable_parts
 from qeebm.qe.trainable import scores as qe_scores
-from qeebm.qe.trainable import trainable_parts
 
 log = logging.getLogger(__name__)
 

@@ -26,8 +26,8 @@ from pathlib import Path
 import torch
 import yaml
 
-from qeebm.utils import hub
 from qeebm.errors import QeebmError
+from qeebm.utils import hub
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ Step 4 costs more than the main demo's budget on two cores (about 9 minutes here
 world's QEs are shipped in ``data/tinyworld-qe`` with the hashes of the inputs they were built from
 (the tokenizer, the judged data and the systems that translated it); ``qe="auto"`` copies them when
 those hashes match this build's and builds them otherwise. ``qeebm tinyworld build-qe`` rebuilds the
-shipped files (``tests/test_tinyworld.py`` checks the hashes).
+shipped files (``tests/integration/test_tinyworld.py`` checks the hashes).
 
 ``manifest.json`` (written last, so its presence means the build finished) lists every artifact's
 sha256; the same seed gives the same manifest. Timings go to ``build_log.json``, which is not hashed.
@@ -45,12 +45,23 @@ from pathlib import Path
 
 import torch
 
-from qeebm.utils import resources
 from qeebm.errors import QeebmError
-from qeebm.utils.langcodes import FAMILIES
 from qeebm.tinyworld.toprange import add_top_range
-from qeebm.tinyworld.world import (BASE_PREFIXES, SIZES, WithReferences, WorldSize, code_version,
-                                   fit_qe_worker, hash_tree, is_built, stage_pool, translator_config, write_manifest)
+from qeebm.tinyworld.world import (
+    BASE_PREFIXES,
+    SIZES,
+    WithReferences,
+    WorldSize,
+    code_version,
+    fit_qe_worker,
+    hash_tree,
+    is_built,
+    stage_pool,
+    translator_config,
+    write_manifest,
+)
+from qeebm.utils import resources
+from qeebm.utils.langcodes import FAMILIES
 
 log = logging.getLogger("qeebm.tinyworld")
 
@@ -200,10 +211,10 @@ def train_base(world: Path, family: str, seed: int, spec: WorldSize) -> dict:
     """Random init -> the pretraining corpus -> ``DIR/<family>-base`` (the best checkpoint by chrF++
     on the corpus's own dev set, never the task's). Returns its test BLEU / chrF++ on the task."""
     from qeebm.data.corpus import read_corpus
-    from qeebm.translation.decoding import translate_corpus
     from qeebm.metrics.sacrebleu import corpus_metrics
-    from qeebm.training.loop import train
     from qeebm.tinyworld.models import build_tiny_translator
+    from qeebm.training.loop import train
+    from qeebm.translation.decoding import translate_corpus
     from qeebm.translation.translator import Translator
 
     tok_dir = world / "tokenizers" / ("nllb" if family == "nllb" else "mbart50")
@@ -227,9 +238,9 @@ def judged_systems(world: Path, family: str, seed: int, spec: WorldSize) -> dict
     """name -> Translator: the base at a quarter and half of its training and at its best, and the
     base fine-tuned on the first ``judged_sft_pairs`` pairs of the QE split at half and all of its
     steps (those pairs are then not judged: ``judged_outputs``)."""
-    from qeebm.training.checkpoint import load_model, step_dir
     from qeebm.config import ModelConfig
     from qeebm.data.corpus import write_tsv
+    from qeebm.training.checkpoint import load_model, step_dir
     from qeebm.training.loop import train
     from qeebm.translation.translator import Translator
 
@@ -241,8 +252,8 @@ def judged_systems(world: Path, family: str, seed: int, spec: WorldSize) -> dict
         systems[f"{family}-base@{quarter}q"] = tr
     systems[f"{family}-base"] = Translator.load(ModelConfig(name_or_path=str(world / f"{family}-base")))
     # The base fine-tuned like the methods' SFT runs, on pairs the task never sees.
-    from qeebm.data.corpus import read_corpus
     from qeebm.config import CorpusConfig
+    from qeebm.data.corpus import read_corpus
 
     qe = read_corpus(CorpusConfig(path=str(world / "data" / "qe.tsv")), "qe", need_target=True)
     n = spec.judged_sft_pairs

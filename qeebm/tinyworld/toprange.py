@@ -42,10 +42,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from qeebm.tinyworld.world import (
+    SIZES,
+    WithReferences,
+    code_version,
+    fit_qe_worker,
+    stage_pool,
+    translator_config,
+    write_manifest,
+)
 from qeebm.utils import resources
 from qeebm.utils.langcodes import FAMILIES
-from qeebm.tinyworld.world import (SIZES, WithReferences, code_version, fit_qe_worker, stage_pool, translator_config,
-                                   write_manifest)
 
 log = logging.getLogger("qeebm.tinyworld")
 
@@ -58,9 +65,9 @@ JUDGE = dict(kind="comet", hidden=48, layers=2, heads=4, ffn=96, seed_offset=791
 
 def top_range_systems(world: Path, family: str, seed: int, spec, kiwi: Path) -> dict:
     """name -> Translator: the plateau run's checkpoints and the QE-trained systems from its end."""
-    from qeebm.training.checkpoint import load_model, step_dir
     from qeebm.config import CorpusConfig, ModelConfig, load_config
     from qeebm.data.corpus import read_corpus, write_lines, write_tsv
+    from qeebm.training.checkpoint import load_model, step_dir
     from qeebm.training.loop import train
     from qeebm.translation.translator import Translator
 

@@ -13,10 +13,9 @@ from pathlib import Path
 
 import torch
 
-from qeebm.utils import resources
 from qeebm.config import data_path_overrides, load_config
+from qeebm.utils import resources
 from qeebm.utils.langcodes import FAMILIES
-
 
 BASE_PREFIXES = tuple(f"{f}-base/" for f in FAMILIES)  # the base translators' files in a world
 

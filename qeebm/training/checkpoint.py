@@ -49,11 +49,18 @@ import numpy as np
 import torch
 import yaml
 
-from qeebm.config import (Config, dump_config, flat_dict, saved_added_sections, saved_sampler_defaults, to_dict,
-                          upgrade_keys)
+from qeebm.config import (
+    Config,
+    dump_config,
+    flat_dict,
+    saved_added_sections,
+    saved_sampler_defaults,
+    to_dict,
+    upgrade_keys,
+)
 from qeebm.errors import QeebmError, first_line
-from qeebm.utils.integrity import Damaged, check, read_record, seal, unsealed
 from qeebm.translation.translator import weight_files
+from qeebm.utils.integrity import Damaged, check, read_record, seal, unsealed
 
 log = logging.getLogger(__name__)
 

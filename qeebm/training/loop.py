@@ -22,6 +22,13 @@ from accelerate.tracking import LOGGER_TYPE_TO_CLASS, get_available_trackers
 from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 
+from qeebm.config import Config, flat_dict, to_dict
+from qeebm.data.corpus import corpus_format, filter_corpus, read_corpus
+from qeebm.data.step_sampler import StepSampler
+from qeebm.errors import QeebmError
+from qeebm.methods import METHODS, Batch
+from qeebm.methods.diagnostics import term_gradient_stats
+from qeebm.metrics.sacrebleu import bleu_tokenizer, corpus_metrics
 from qeebm.training import checkpoint as ckpt
 from qeebm.training.backends import (
     APPLIED,
@@ -39,15 +46,8 @@ from qeebm.training.backends import (
     module_to_prepare,
     trained_parameters,
 )
-from qeebm.config import Config, flat_dict, to_dict
-from qeebm.data.corpus import corpus_format, filter_corpus, read_corpus
-from qeebm.translation.decoding import corpus_nll, shard, translate_corpus
-from qeebm.methods.diagnostics import term_gradient_stats
-from qeebm.errors import QeebmError
-from qeebm.methods import METHODS, Batch
 from qeebm.training.preemption import Preemption, parse_signals
-from qeebm.metrics.sacrebleu import bleu_tokenizer, corpus_metrics
-from qeebm.data.step_sampler import StepSampler
+from qeebm.translation.decoding import corpus_nll, shard, translate_corpus
 from qeebm.translation.translator import Translator, eval_mode
 
 log = logging.getLogger("qeebm.training.loop")

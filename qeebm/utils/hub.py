@@ -64,8 +64,14 @@ def reason(err: BaseException, repo_id: str, repo_type: str = "model") -> str:
     """Why ``repo_id`` could not be had, in one line, from what the hub client raised."""
     import requests
     from huggingface_hub import get_token
-    from huggingface_hub.errors import (EntryNotFoundError, GatedRepoError, HfHubHTTPError, OfflineModeIsEnabled,
-                                        RepositoryNotFoundError, RevisionNotFoundError)
+    from huggingface_hub.errors import (
+        EntryNotFoundError,
+        GatedRepoError,
+        HfHubHTTPError,
+        OfflineModeIsEnabled,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
 
     cause = hub_cause(err) or err
     status = getattr(getattr(cause, "response", None), "status_code", None)

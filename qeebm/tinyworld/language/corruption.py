@@ -39,7 +39,6 @@ from qeebm.tinyworld.language.vocabulary import (
     pron_tgt,
 )
 
-
 CORRUPTIONS = (
     "omission",
     "wrong_case",

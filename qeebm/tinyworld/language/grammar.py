@@ -30,7 +30,6 @@ from qeebm.tinyworld.language.vocabulary import (
     pron_tgt,
 )
 
-
 SRC_LANG = "eng_Latn"
 TGT_LANG = "khk_Cyrl"
 

@@ -2,13 +2,12 @@
 particles of the target, its verb forms and finite verb groups, and the English plural, third-person,
 -ing, past and a/an rules. Each is a pure function of a word, with no lexicon and no randomness, so
 the lexicon builds its entries with them, the renderers inflect with them and the corruptions
-re-inflect with them, and every rule can be checked by hand (tests/test_language.py).
+re-inflect with them, and every rule can be checked by hand (tests/unit/test_language.py).
 """
 
 from __future__ import annotations
 
 from typing import Optional
-
 
 # =============================================================================================
 # Phonology and noun morphology
@@ -166,21 +165,21 @@ def verb_forms(stem: str) -> dict:
     fut_neg -хгүй.
     """
     h = harmony(stem)
-    s, l = _SHORT[h], _LONG[h]
+    s, long_ = _SHORT[h], _LONG[h]
     vowel_final = stem[-1] in _VOWELS or stem[-1] == "й"
     link = "" if vowel_final else _link_vowel(stem, h)
     inf = stem + link + "х"
     if vowel_final:
         fut = stem + "н" + s
         conv = stem + "ж"
-        past_neg = stem + "г" + l + "гүй"
+        past_neg = stem + "г" + long_ + "гүй"
     else:
         fut = stem + (link if _needs_link(stem) else "") + "н" + s
         if _needs_link(stem):
             conv = stem + link + "ж"
         else:
             conv = stem + ("ч" if stem[-1] in "вгрс" else "ж")
-        past_neg = stem + l + "гүй"
+        past_neg = stem + long_ + "гүй"
     hab = stem + "д" + s + "г"
     return {
         "hab": hab,

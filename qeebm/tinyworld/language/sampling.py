@@ -32,7 +32,6 @@ from qeebm.tinyworld.language.vocabulary import (
     num_tgt,
 )
 
-
 _DET_WEIGHTS = {
     "subj": (("the", 40), ("poss", 14), ("possnp", 7), ("this", 5), ("that", 4), ("a", 9), ("count", 8),
              ("every", 3), ("all", 3), ("many", 4), ("some", 3)),

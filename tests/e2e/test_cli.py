@@ -1,0 +1,118 @@
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from qeebm.cli import build_parser, main
+
+SUBCOMMANDS = [["tinyworld", "build"], ["train"], ["translate"], ["evaluate"], ["score"], ["qe-check"], ["demo"]]
+
+
+@pytest.mark.parametrize("words", SUBCOMMANDS, ids=[" ".join(w) for w in SUBCOMMANDS])
+def test_every_subcommand_has_help(words, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args([*words, "--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert "usage: qeebm" in out and len(out.splitlines()) > 3
+
+
+def test_config_error_is_one_line_and_exit_2(capsys):
+    assert main(["train", "optim.lrr=1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "error: unknown config key 'optim.lrr' (did you mean 'optim.lr'?)"
+
+
+def test_console_script_exit_code(tmp_path):
+    missing = tmp_path / "nope.tsv"
+    proc = subprocess.run([sys.executable, "-m", "qeebm.cli", "evaluate", "--hyps", str(missing), "--test", str(missing)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: ")
+    assert "nope.tsv" in proc.stderr
+
+
+def test_train_and_translate_on_the_micro_world(micro_world, tmp_path, capsys):
+    run = tmp_path / "run"
+    overrides = [
+        f"model.name_or_path={micro_world / 'nllb-base'}",
+        f"data.train.path={micro_world / 'data/train.tsv'}",
+        f"data.dev.path={micro_world / 'data/dev.tsv'}",
+        "optim.max_steps=2", "optim.batch_size=4", "eval.every=0", "generation.num_beams=1",
+        f"output.run_dir={run}", "logging.report_to=[]",
+    ]
+    assert main(["train", *overrides]) == 0
+    assert (run / "final" / "config.json").is_file() and (run / "best" / "config.json").is_file()
+    src = tmp_path / "src.txt"
+    src.write_text("The teacher read a book.\nI will go.\n", encoding="utf-8")
+    out = tmp_path / "hyp.txt"
+    assert main(["translate", "--model", str(run / "final"), "-i", str(src), "-o", str(out), "--beams", "2", "--max-new-tokens", "8"]) == 0
+    assert len(out.read_text(encoding="utf-8").splitlines()) == 2
+
+
+def test_demo_quick_prints_the_method_table_with_selection_rows(micro_world, tmp_path, capsys, monkeypatch):
+    from qeebm.experiments.demo import default_systems, run_demo
+
+    monkeypatch.chdir(tmp_path)
+    # A realistic row and a positive-control one: every system's training is the golden runs' business.
+    systems = ["sft", "qe-ebm-static", "qe-ebm-oracle"]
+    assert set(systems) <= set(default_systems())
+    table = run_demo(world_dir=str(micro_world), quick=True, steps=2, systems=systems)
+    rows = [line.split("|")[1].strip() for line in table.splitlines() if line.startswith("| ") and "seeds" not in line]
+    # Against SFT continued; the plateau every system started from is a row of its own.
+    assert rows[:-2] == ["sft (baseline)", "plateau", *[s for s in systems if s != "sft"]]
+    best = rows[-2][:-len("+rerank")]
+    assert best in systems and rows[-2:] == [f"{best}+rerank", f"{best}+mbr"]
+    assert "Selection among candidates" in table
+    # Every system started from the plateau's best dev-chrF++ checkpoint.
+    out = tmp_path / "runs" / "demo-quick"
+    for name in systems:
+        config = yaml.safe_load((out / name / "config.yaml").read_text(encoding="utf-8"))
+        assert Path(config["model"]["name_or_path"]).resolve() == (out / "plateau" / "best").resolve()
+    # The smoke run keeps out of the full demo's directory, so the full demo does not try to resume it.
+    out = tmp_path / "runs" / "demo-quick"
+    assert (out / "comparison" / "comparison.csv").is_file() and not (tmp_path / "runs" / "demo").exists()
+    assert any((out / "comparison" / "plots").glob("*.png"))
+
+
+NOISE = "pkg_resources is deprecated"
+
+
+@pytest.mark.slow
+def test_the_cli_keeps_third_party_deprecation_noise_out_of_stderr(tmp_path):
+    from support.qe import model_dir, toy_triples
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
+    # Importing qeebm filters nothing: a program that imports it and comet sees the warning.
+    control = subprocess.run([sys.executable, "-c", "import qeebm.qe.scoring, comet"], env=env, capture_output=True,
+                             text=True, timeout=120)
+    if NOISE not in control.stderr:
+        pytest.skip("this environment's dependencies raise no pkg_resources warning")
+    src, mt, _ = toy_triples(4)
+    pairs, scores = tmp_path / "pairs.tsv", tmp_path / "scores.txt"
+    pairs.write_text("src\tmt\n" + "".join(f"{s}\t{m}\n" for s, m in zip(src, mt)), encoding="utf-8")
+    proc = subprocess.run([sys.executable, "-m", "qeebm.cli", "score", "--model", str(model_dir("kiwi")), "-i",
+                           str(pairs), "-o", str(scores)], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert len(scores.read_text().splitlines()) == 4 and NOISE not in proc.stderr and "Warning" not in proc.stderr
+    # The processes a command starts (the demo's and the tiny world's workers) inherit the filter.
+    code = ("import subprocess, sys\nfrom qeebm.utils.process import setup_process\nsetup_process()\n"
+            "sys.exit(subprocess.run([sys.executable, '-c', 'import comet']).returncode)")
+    child = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert child.returncode == 0 and NOISE not in child.stderr
+
+
+def test_a_users_own_warning_options_come_after_the_noise_filters(monkeypatch):
+    from qeebm.utils.process import setup_process
+
+    monkeypatch.setenv("THP_MEM_ALLOC_ENABLE", "0")
+    monkeypatch.setenv("PYTHONWARNINGS", "error::DeprecationWarning")
+    setup_process()
+    setup_process()  # idempotent
+    # Later -W entries take precedence, so the user's own settings still win where they overlap.
+    assert os.environ["PYTHONWARNINGS"] == ("ignore:pkg_resources is deprecated as an API:UserWarning,"
+                                            "error::DeprecationWarning")
+    assert os.environ["THP_MEM_ALLOC_ENABLE"] == "0"
