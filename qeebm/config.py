@@ -321,13 +321,14 @@ class QeEbmConfig:
     the variance-minimising weight fitted on the previous step, starting at 1). The old key name
     ``relaxation`` still works.
     ``weighting: absolute`` (the published schedule) at optimiser step s (counted from 1):
-    beta = beta_max * min(1, s / beta_ramp_steps) (``beta_ramp_steps`` 0: beta_max throughout);
-    alpha = ``alpha`` when set, else max(0, 1 - alpha_coupling * beta). The defaults are the published
-    ramp: beta reaches 0.001 at step 4000, alpha ends at 0.99.
+    beta = ``energy_weight`` * min(1, s / ``energy_ramp_steps``) (``energy_ramp_steps`` 0: the full weight
+    throughout); alpha = ``ce_weight`` when set, else max(0, 1 - ``ce_coupling`` * beta). alpha and
+    beta are the paper's names, logged as ``qe-ebm/alpha`` and ``qe-ebm/beta``. The defaults are the
+    published ramp: beta reaches 0.001 at step 4000, alpha ends at 0.99.
 
     ``weighting: relative``: beta is chosen so that the energy's gradient is ``rho`` times the CE's,
-    ramped the same way: beta = rho * min(1, s / beta_ramp_steps) * alpha * |grad CE| / |grad E|, with
-    alpha = ``alpha`` when set, else 1. The two gradient norms (over the trainable parameters) are
+    ramped the same way: beta = rho * min(1, s / energy_ramp_steps) * alpha * |grad CE| / |grad E|, with
+    alpha = ``ce_weight`` when set, else 1. The two gradient norms (over the trainable parameters) are
     measured on the first micro-batch of every ``rho_every``-th step (1: every step, the exact ratio
     when there is one micro-batch and one process; averaged over processes) and reused in between.
     rho = 0.1 means "the energy moves the model a tenth as hard as the supervised loss", whatever
@@ -344,10 +345,10 @@ class QeEbmConfig:
     estimator: str = "st"  # st | softmax | gumbel-st | reinmax | loo-cv
     tau: float = 1.0
     cv_weight: Optional[float] = None
-    beta_max: float = 0.001
-    beta_ramp_steps: int = 4000
-    alpha: Optional[float] = None
-    alpha_coupling: float = 10.0
+    energy_weight: float = 0.001
+    energy_ramp_steps: int = 4000
+    ce_weight: Optional[float] = None
+    ce_coupling: float = 10.0
     weighting: str = "absolute"  # absolute | relative
     rho: float = 0.1
     rho_every: int = 1
@@ -359,7 +360,7 @@ class ReinforceConfig:
     """REINFORCE, the paper's policy-gradient baseline: ``sampling.num_samples`` (K) samples of each
     source-only sentence (``data.mono``, global size ``optim.batch_size``), nucleus p=0.9 as
     published; reward = QE score (``qe.path``, or ``reward.terms``) with the hits of the ``guards`` penalised (when
-    ``guards`` is true; ``guards.penalty_unit``); loss = alpha * CE(labelled batch) + pg_weight *
+    ``guards`` is true; ``guards.penalty_unit``); loss = ce_weight * CE(labelled batch) + pg_weight *
     policy gradient, both token means over the step; no KL term.
 
     ``baseline``: "rloo" (default: the mean of the other K-1 samples of the same source, Kool et al.
@@ -374,7 +375,7 @@ class ReinforceConfig:
     sampling: SamplingConfig = field(default_factory=lambda: SamplingConfig(top_p=0.9))
     baseline: str = "rloo"  # rloo | running_mean | none
     reward_scaling: str = "whiten"  # whiten | max_abs | none
-    alpha: float = 1.0  # CE weight; 0 skips the labelled forward pass
+    ce_weight: float = 1.0  # 0 skips the labelled forward pass
     pg_weight: float = 0.1  # policy-gradient weight
     guards: bool = True
 
@@ -393,7 +394,7 @@ class PPOConfig:
     token, -kl_coef * (log p - log p_ref) at every token; the reference is the initial model (LoRA:
     the adapter disabled). ``adaptive_kl``: Ziegler et al.'s controller towards ``kl_target`` over
     ``kl_horizon`` samples, else kl_coef stays ``init_kl_coef``. Losses: clipped surrogate (``clip``)
-    + ``value_coef`` * clipped value loss (``value_clip``) [+ ``alpha`` * CE on the labelled batch,
+    + ``value_coef`` * clipped value loss (``value_clip``) [+ ``ce_weight`` * CE on the labelled batch,
     off as published]. ``disable_dropout``: every PPO forward runs without dropout, so the first
     update's probability ratios are exactly 1.
 
@@ -418,7 +419,7 @@ class PPOConfig:
     value_coef: float = 0.1
     whiten_advantages: bool = True
     disable_dropout: bool = True
-    alpha: float = 0.0  # CE weight on the labelled batch
+    ce_weight: float = 0.0  # on the labelled batch
     guards: bool = True
 
 
@@ -432,7 +433,7 @@ class GRPOConfig:
     group``, published), of the whole step (``batch``) or by nothing (``none``). Then ``epochs``
     optimiser updates over the rollout, each on pg_weight x (clipped surrogate (``clip``) with the
     probability ratio against the rollout's log-probs + ``kl_coef`` x the k3 KL estimate to the
-    initial model, per token) [+ ``alpha`` x CE on the labelled batch]. With ``epochs: 1`` the ratio
+    initial model, per token) [+ ``ce_weight`` x CE on the labelled batch]. With ``epochs: 1`` the ratio
     is exactly 1 and the update is the policy gradient; ``kl_coef: 0`` loads no reference. Every
     forward runs without dropout.
 
@@ -447,7 +448,7 @@ class GRPOConfig:
     kl_coef: float = 0.04
     scale_rewards: str = "group"  # group | batch | none
     loss_type: str = "grpo"  # grpo | dapo | dr_grpo
-    alpha: float = 1.0  # CE weight on the labelled batch; 0 skips its forward pass
+    ce_weight: float = 1.0  # on the labelled batch; 0 skips its forward pass
     pg_weight: float = 1.0  # weight of the GRPO loss (surrogate and KL together)
     guards: bool = True
 
@@ -472,7 +473,7 @@ class CandidatesConfig:
 
 @dataclass
 class QeFinetuneConfig(CandidatesConfig):
-    """QE finetuning (Finkelstein & Freitag 2023, "MBR and QE Finetuning"): loss = alpha * CE(labelled
+    """QE finetuning (Finkelstein & Freitag 2023, "MBR and QE Finetuning"): loss = ce_weight * CE(labelled
     batch) + distill_weight * CE(source-only batch, each source's selected pseudo-target), both label-smoothed
     token means like SFT's.
 
@@ -488,14 +489,14 @@ class QeFinetuneConfig(CandidatesConfig):
 
     selection: str = "rerank"  # rerank | mbr
     utility: str = "chrf"  # mbr: chrf, or a reference-based COMET directory / hub id
-    alpha: float = 1.0  # CE weight on the labelled batch; 0 skips its forward pass
+    ce_weight: float = 1.0  # on the labelled batch; 0 skips its forward pass
     distill_weight: float = 1.0  # CE weight on the selected pseudo-targets
 
 
 @dataclass
 class PreferenceConfig(CandidatesConfig):
     """Preference optimisation on QE-ranked candidates, ``method: dpo`` (Rafailov et al. 2023) or
-    ``method: cpo`` (Xu et al. 2024, ALMA-R): loss = alpha * CE(labelled batch) + the preference loss
+    ``method: cpo`` (Xu et al. 2024, ALMA-R): loss = ce_weight * CE(labelled batch) + the preference loss
     (a mean over the step's pairs) + nll_weight * NLL(chosen translations) (a token mean).
 
     Each source of the ``pool`` ("mono": the source-only pool, ``data.mono``, as the other QE-trained
@@ -519,13 +520,13 @@ class PreferenceConfig(CandidatesConfig):
     weight gives RPO, Pang et al. 2024). ``reference`` (DPO): "initial", the starting translator
     (DPO's own), or "teacher", the teacher as last refreshed, which with ``refresh_every`` > 0 makes
     iterative DPO: each round's reference is the policy that wrote its candidates.
-    ``alpha``: the labelled CE, as every method keeps it; 0 skips its forward pass."""
+    ``ce_weight``: the labelled CE's, as every method keeps it; 0 skips its forward pass."""
 
     candidates: str = "sample"
     pool: str = "mono"  # mono | labelled | both
     include_reference: bool = False
     beta: float = 0.1
-    alpha: float = 1.0
+    ce_weight: float = 1.0
     nll_weight: Optional[float] = None
     reference: str = "initial"  # initial | teacher (DPO)
     guards: bool = True
@@ -724,10 +725,16 @@ def _check_choices(cfg: Config) -> None:
 
 # The sampling keys lived flat in each method's section before ``<method>.sampling`` gathered them.
 _SAMPLING_KEYS = tuple(f.name for f in dataclasses.fields(SamplingConfig))
-# Keys with a new name: (section, old, new). "beta" is QE-EBM's energy weight (the paper's name,
-# qe_ebm.beta_max); the other methods' weights say what they weigh.
+# Keys with a new name: (section, old, new). A weight is named for what it weighs: the paper's
+# alpha and beta (QE-EBM's CE and energy weights) read as its symbols in docs and logs
+# (qe-ebm/alpha, qe-ebm/beta), but "beta" is also DPO's scale, Adam's betas and chrF's recall
+# weight, and "alpha" LoRA's scale.
 RENAMED_KEYS = (("reinforce", "beta", "pg_weight"), ("qe_finetune", "beta", "distill_weight"),
-                ("qe_ebm", "relaxation", "estimator"))
+                ("qe_ebm", "relaxation", "estimator"),
+                ("qe_ebm", "beta_max", "energy_weight"), ("qe_ebm", "beta_ramp_steps", "energy_ramp_steps"),
+                ("qe_ebm", "alpha_coupling", "ce_coupling"),
+                *((section, "alpha", "ce_weight") for section in
+                  ("qe_ebm", "reinforce", "ppo", "grpo", "qe_finetune", "preference")))
 
 
 def upgrade_keys(values: dict, warn: bool = True) -> dict:

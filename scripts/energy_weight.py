@@ -42,7 +42,7 @@ def run(world: Path, run_dir: Path, steps: int, extra: list[str]) -> dict[str, f
         "optim.batch_size=16",
         "optim.warmup_steps=0",
         "optim.scheduler=constant",
-        "qe_ebm.beta_ramp_steps=0",
+        "qe_ebm.energy_ramp_steps=0",
         "eval.every=0",
         f"output.run_dir={run_dir}",
         f"output.save_every={steps}",
@@ -70,7 +70,7 @@ def main(argv=None) -> int:
         return 2
     with tempfile.TemporaryDirectory() as tmp:
         absolute = run(world, Path(tmp) / "absolute", args.steps,
-                       ["qe_ebm.weighting=absolute", f"qe_ebm.beta_max={args.beta}"])
+                       ["qe_ebm.weighting=absolute", f"qe_ebm.energy_weight={args.beta}"])
         relative = run(world, Path(tmp) / "relative", args.steps,
                        ["qe_ebm.weighting=relative", f"qe_ebm.rho={args.rho}", "qe_ebm.rho_every=1"])
     print(f"\nQE-EBM static from {world / 'nllb-base'}, {args.steps} steps, batch 16 + 16, K = 5; "

@@ -1,7 +1,7 @@
 """The straight-through gradient's bias, measured: does QE-EBM's gradient point where the expected
 QE score goes?
 
-    python scripts/gradient_bias.py --model runs/v3/plateau-seed42/best --world data/tinyworld --out runs/gradient-bias
+    python scripts/gradient_bias.py --model runs/tables/plateau-seed42/best --world data/tinyworld --out runs/gradient-bias
 
 On ``--sources`` fixed dev sentences, ``--samples`` ancestral samples each from the translator (eval
 mode), for each QE (the tiny Kiwi QE-EBM trains against, and the oracle: the tiny reference-based

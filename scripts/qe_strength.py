@@ -3,7 +3,7 @@
     qeebm demo --seeds 3 --systems all --runs runs/tables     # the three-seed tables, first
     python scripts/qe_strength.py --tables runs/tables --out runs/qe-strength
 
-Protocol v3's tables train three methods against signals of three strengths: QE-EBM static, REINFORCE
+The three-seed tables train three methods against signals of three strengths: QE-EBM static, REINFORCE
 and DPO against the tiny CometKiwi (``qe/kiwi``, the realistic rows) and against the reference-based
 COMET reading each pool sentence's true reference (``qe/comet``, the oracle rows), and REINFORCE
 against sentence chrF++ itself. A signal's strength is measured where the methods use it: ``qeebm

@@ -28,11 +28,11 @@ def qe_only_overrides(method: str, k: int) -> list[str]:
     term, no guards, the full weight on the QE from the first step, K pure ancestral samples."""
     sampling = [f"sampling.num_samples={k}", "sampling.temperature=1.0", "sampling.top_k=0", "sampling.top_p=1.0"]
     if method == "qe-ebm":
-        own = ["alpha=0.0", "beta_max=1.0", "beta_ramp_steps=0", "weighting=absolute", "guards=false"]
+        own = ["ce_weight=0.0", "energy_weight=1.0", "energy_ramp_steps=0", "weighting=absolute", "guards=false"]
     elif method == "reinforce":
-        own = ["alpha=0.0", "pg_weight=1.0", "guards=false"]
+        own = ["ce_weight=0.0", "pg_weight=1.0", "guards=false"]
     elif method == "ppo":
-        own = ["alpha=0.0", "guards=false"]
+        own = ["ce_weight=0.0", "guards=false"]
     else:
         raise QeebmError(f"no QE-only form of method '{method}': choose qe-ebm, reinforce or ppo")
     section = method.replace("-", "_")

@@ -55,7 +55,7 @@ from qeebm.metrics.bootstrap import (
 from qeebm.metrics.registry import SACREBLEU_METRICS, column, higher_is_better, label, scale
 from qeebm.metrics.sacrebleu import corpus_from_stats, mean_stats, metric_signature, segment_stats
 
-ALPHA = 0.05
+SIGNIFICANCE = 0.05  # the level of every significance mark
 # The order neural metrics appear in; any other per-segment score follows alphabetically.
 NEURAL_ORDER = ("comet", "xcomet", "kiwi", "judge")
 # Reports may round corpus scores to one decimal; a larger gap means different metric options.
@@ -250,7 +250,7 @@ class Cell:
     delta: float | None = None  # score - baseline score; None for the baseline
     delta_ci: tuple[float, float] | None = None  # 95% percentile interval of the paired resampled differences
     pair_p: list[float] = field(default_factory=list)  # paired bootstrap p per seed pair, in the direction of `delta`
-    sig_pairs: int = 0  # pairs with p < ALPHA
+    sig_pairs: int = 0  # pairs with p < SIGNIFICANCE
     pair_p_sacrebleu: list[float] = field(default_factory=list)
 
     @property
@@ -259,7 +259,7 @@ class Cell:
 
     @property
     def p(self) -> float | None:
-        """The largest p over seed pairs: below ALPHA exactly when every pair is significant."""
+        """The largest p over seed pairs: below SIGNIFICANCE exactly when every pair is significant."""
         return max(self.pair_p) if self.pair_p else None
 
     @property
@@ -298,7 +298,7 @@ class Comparison:
         import sacrebleu
 
         return (f"test:paired-bs|ci:95%-percentile|resamples:{self.resamples}|seed:{self.seed}"
-                f"|alpha:{ALPHA}|seeds:same-seed-else-all-pairs|sacrebleu:{sacrebleu.__version__}|qeebm:{QEEBM_VERSION}")
+                f"|significance:{SIGNIFICANCE}|seeds:same-seed-else-all-pairs|sacrebleu:{sacrebleu.__version__}|qeebm:{QEEBM_VERSION}")
 
     def improved(self, system: str, metric: str) -> bool:
         """Significantly better than the baseline (mark * or †, difference in the good direction)."""
@@ -386,7 +386,7 @@ def compare(entries: Sequence[Entry], baseline: str | None = None, metrics: Sequ
                 # other way gets a large p instead of counting as support
                 p = paired_bootstrap_p(cell.delta, d_star)
                 cell.pair_p.append(p)
-                cell.sig_pairs += p < ALPHA
+                cell.sig_pairs += p < SIGNIFICANCE
                 if metric in sb_p.get((i, j), {}):
                     cell.pair_p_sacrebleu.append(sb_p[i, j][metric])
 

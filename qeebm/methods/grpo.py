@@ -190,9 +190,9 @@ class GRPO(Method):
         }
         if kl is not None:
             metrics["grpo/kl"] = per_token(kl)
-        if c.alpha > 0:
+        if c.ce_weight > 0:
             ce, nll = label_smoothed_ce(self.model, r.batch, self.label_smoothing, with_nll=True)
-            terms["ce"] = c.alpha * ce
+            terms["ce"] = c.ce_weight * ce
             metrics |= {"grpo/ce": ce.item(), "grpo/nll": nll.item()}
         if r.guards is not None:
             metrics |= hit_rates(r.guards, normaliser=n)

@@ -274,7 +274,7 @@ class PPO(Method):
             if b < m_:
                 raise QeebmError(f"ppo.minibatches={m_} but a micro-batch holds only {b} samples; lower "
                                  "ppo.minibatches or raise optim.batch_size (or ppo.sampling.num_samples)")
-            labels = r.batch.labels if c.alpha > 0 else None
+            labels = r.batch.labels if c.ce_weight > 0 else None
             r.plan = []
             for e in range(e_):
                 rows = torch.randperm(b).to(device).tensor_split(m_)
@@ -338,7 +338,7 @@ class PPO(Method):
         }
         if mb.labelled is not None:
             ce, nll = label_smoothed_ce(self.model, mb.labelled, self.label_smoothing, with_nll=True)
-            terms["ce"] = c.alpha * ce
+            terms["ce"] = c.ce_weight * ce
             metrics |= {"ppo/ce": ce.item(), "ppo/nll": nll.item()}
         if r.guards is not None:
             keep = rows.tolist()

@@ -184,8 +184,8 @@ class Preference(Method):
             raise QeebmError(f"preference.refresh_every must be 0 (never) or a number of steps; got {c.refresh_every}")
         if c.beta <= 0:
             raise QeebmError(f"preference.beta must be > 0 (the implicit reward's scale, not a loss weight); got {c.beta}")
-        if c.alpha < 0 or (c.nll_weight is not None and c.nll_weight < 0):
-            raise QeebmError(f"preference.alpha and nll_weight must be >= 0; got {c.alpha} and {c.nll_weight}")
+        if c.ce_weight < 0 or (c.nll_weight is not None and c.nll_weight < 0):
+            raise QeebmError(f"preference.ce_weight and nll_weight must be >= 0; got {c.ce_weight} and {c.nll_weight}")
         if c.reference != "initial" and not cls.uses_reference:
             raise QeebmError(f"preference.reference sets DPO's reference model; method '{cfg.method}' has none")
         if c.candidates == "sample" and c.temperature <= 0:
@@ -376,9 +376,9 @@ class Preference(Method):
             nll = -(w * chosen).sum() / max(r.counts["tokens"], 1.0)
             terms["nll"] = self.nll_weight * nll
             metrics[f"{name}/chosen_nll"] = nll.item()
-        if self.c.alpha > 0:
+        if self.c.ce_weight > 0:
             ce, ce_nll = label_smoothed_ce(self.model, r.batch, self.label_smoothing, with_nll=True)
-            terms = {"ce": self.c.alpha * ce, **terms}
+            terms = {"ce": self.c.ce_weight * ce, **terms}
             metrics |= {f"{name}/ce": ce.item(), f"{name}/nll": ce_nll.item()}
         if r.guards is not None:
             metrics |= hit_rates(r.guards, normaliser=r.counts["candidates"])

@@ -71,18 +71,18 @@ log = logging.getLogger(__name__)
 
 def ramp(step: int, c: QeEbmConfig) -> float:
     """The energy weight's warm-up factor at optimiser step ``step`` (counted from 1), in [0, 1]."""
-    return min(1.0, step / c.beta_ramp_steps) if c.beta_ramp_steps > 0 else 1.0
+    return min(1.0, step / c.energy_ramp_steps) if c.energy_ramp_steps > 0 else 1.0
 
 
 def schedule(step: int, c: QeEbmConfig) -> tuple[float, float]:
     """(alpha, beta) at optimiser step ``step`` under ``weighting: absolute``. Under ``relative`` the
     alpha is the same rule's and beta is chosen in ``QeEbm.loss`` from measured gradient norms."""
     if c.weighting == "relative":
-        return (c.alpha if c.alpha is not None else 1.0), 0.0
+        return (c.ce_weight if c.ce_weight is not None else 1.0), 0.0
     # Reference code: beta = min(1, step / 4000) * 0.001, alpha = 1 - 10 * beta, floored at 0 as the
-    # reference floors it (without the floor, beta_max > 1 / alpha_coupling maximises the CE).
-    beta = c.beta_max * ramp(step, c)
-    alpha = c.alpha if c.alpha is not None else max(0.0, 1.0 - c.alpha_coupling * beta)
+    # reference floors it (without the floor, energy_weight > 1 / ce_coupling maximises the CE).
+    beta = c.energy_weight * ramp(step, c)
+    alpha = c.ce_weight if c.ce_weight is not None else max(0.0, 1.0 - c.ce_coupling * beta)
     return alpha, beta
 
 
@@ -168,10 +168,10 @@ class QeEbm(Method):
         if heldout_path(self.q) and not self.dynamic:
             log.warning("qe.heldout_path is only measured with qe.mode=dynamic (a static QE does not change)")
         c = self.c
-        if c.weighting == "absolute" and c.alpha is None and c.alpha_coupling * c.beta_max > 1:
-            floor = math.ceil(c.beta_ramp_steps / (c.alpha_coupling * c.beta_max)) if c.beta_ramp_steps else 1
-            log.warning("qe_ebm: alpha = 1 - %g * beta reaches 0 at step %d and stays there (beta_max %g): "
-                        "the CE term is off from then on", c.alpha_coupling, floor, c.beta_max)
+        if c.weighting == "absolute" and c.ce_weight is None and c.ce_coupling * c.energy_weight > 1:
+            floor = math.ceil(c.energy_ramp_steps / (c.ce_coupling * c.energy_weight)) if c.energy_ramp_steps else 1
+            log.warning("qe_ebm: alpha = 1 - %g * beta reaches 0 at step %d and stays there (energy_weight %g): "
+                        "the CE term is off from then on", c.ce_coupling, floor, c.energy_weight)
         log.info("QE %s (%s): %d trainable parameters%s", self.q.path, self.q.mode,
                  sum(p.numel() for p in self.dynamic_qe.params.values()) if self.dynamic else 0,
                  f" ({', '.join(self.q.train_parts)}; updated every {self.q.interval} step(s) after step {self.q.warmup_steps})"
@@ -182,7 +182,7 @@ class QeEbm(Method):
         c, q = cfg.qe_ebm, cfg.qe
         for key, value, low in (("qe_ebm.sampling.num_samples", c.sampling.num_samples, 1),
                                 ("qe_ebm.sampling.max_new_tokens", c.sampling.max_new_tokens, 1),
-                                ("qe_ebm.beta_ramp_steps", c.beta_ramp_steps, 0)):
+                                ("qe_ebm.energy_ramp_steps", c.energy_ramp_steps, 0)):
             if value < low:
                 raise QeebmError(f"config key '{key}' must be >= {low}; got {value}")
         if c.tau <= 0:
@@ -208,9 +208,9 @@ class QeEbm(Method):
             if c.rho < 0 or c.rho_every < 1:
                 raise QeebmError(f"qe_ebm.weighting=relative needs qe_ebm.rho >= 0 and qe_ebm.rho_every >= 1; "
                                  f"got {c.rho} and {c.rho_every}")
-            if c.alpha is not None and c.alpha <= 0:
+            if c.ce_weight is not None and c.ce_weight <= 0:
                 raise QeebmError("qe_ebm.weighting=relative sets the energy's weight relative to the CE term's "
-                                 f"gradient, so qe_ebm.alpha must be > 0; got {c.alpha} (for energy only, use "
+                                 f"gradient, so qe_ebm.ce_weight must be > 0; got {c.ce_weight} (for energy only, use "
                                  "weighting=absolute with alpha=0)")
         check_qe_config(q)
 

@@ -70,8 +70,8 @@ class QeFinetune(Method):
                              f"{c.num_candidates} and {c.num_beams}")
         if c.refresh_every < 0:
             raise QeebmError(f"qe_finetune.refresh_every must be 0 (never) or a number of steps; got {c.refresh_every}")
-        if c.alpha < 0 or c.distill_weight < 0 or c.alpha + c.distill_weight == 0:
-            raise QeebmError(f"qe_finetune.alpha and distill_weight must be >= 0, not both 0; got {c.alpha} and "
+        if c.ce_weight < 0 or c.distill_weight < 0 or c.ce_weight + c.distill_weight == 0:
+            raise QeebmError(f"qe_finetune.ce_weight and distill_weight must be >= 0, not both 0; got {c.ce_weight} and "
                              f"{c.distill_weight}")
 
     def __init__(self, cfg: Config, translator, model: torch.nn.Module):
@@ -153,8 +153,8 @@ class QeFinetune(Method):
             "qe-finetune/changed": sum(i != 0 for i in r.choice.index) / n,
             "qe-finetune/target_len": float((r.pseudo.labels != -100).sum()) / n,
         }
-        if self.c.alpha > 0:
+        if self.c.ce_weight > 0:
             ce, ce_nll = label_smoothed_ce(self.model, r.batch, self.label_smoothing, with_nll=True)
-            terms = {"ce": self.c.alpha * ce, **terms}
+            terms = {"ce": self.c.ce_weight * ce, **terms}
             metrics |= {"qe-finetune/ce": ce.item(), "qe-finetune/nll": ce_nll.item()}
         return StepOutput(loss=sum(terms.values()), metrics=metrics, terms=terms, values=r.step_stats)

@@ -159,9 +159,9 @@ class Reinforce(Method):
             "reinforce/logp": seq_logp.detach().sum().item() / n,
         }
         # The supervised term on the labelled batch, as SFT computes it.
-        if self.c.alpha > 0:
+        if self.c.ce_weight > 0:
             ce, nll = label_smoothed_ce(self.model, r.batch, self.label_smoothing, with_nll=True)
-            terms["ce"] = self.c.alpha * ce
+            terms["ce"] = self.c.ce_weight * ce
             metrics |= {"reinforce/ce": ce.item(), "reinforce/nll": nll.item()}
         if r.guards is not None:
             metrics |= hit_rates(r.guards, normaliser=n)

@@ -116,7 +116,7 @@ METHOD_ARGS = {
     "ppo": ["method=ppo", "ppo.sampling.max_new_tokens=6", "ppo.minibatches=2", "ppo.epochs=1"],
     # QE-dynamic's QE keeps its own optimiser outside the engine, its gradients summed by the method.
     "qe-ebm-dynamic": ["method=qe-ebm", "qe.mode=dynamic", "qe.warmup_steps=0", "qe.train_parts=[head]",
-                       "qe_ebm.sampling.num_samples=2", "qe_ebm.sampling.max_new_tokens=6", "qe_ebm.beta_max=1.0", "qe_ebm.beta_ramp_steps=0"],
+                       "qe_ebm.sampling.num_samples=2", "qe_ebm.sampling.max_new_tokens=6", "qe_ebm.energy_weight=1.0", "qe_ebm.energy_ramp_steps=0"],
 }
 
 

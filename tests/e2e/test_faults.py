@@ -293,8 +293,8 @@ def stateful(kiwi_world, method: str) -> list[str]:
         # the KL controller moves in finish_rollouts; 2 epochs x 2 minibatches = 4 updates a step
         "ppo": ["method=ppo", "ppo.minibatches=2", "ppo.sampling.max_new_tokens=8", *sampled],
         # loo-cv's weight adds each micro-step's sums in loss
-        "qe-ebm": ["method=qe-ebm", "qe_ebm.estimator=loo-cv", "qe_ebm.alpha=1.0", "qe_ebm.beta_max=1.0",
-                   "qe_ebm.beta_ramp_steps=0", "qe_ebm.sampling.num_samples=2", "qe_ebm.sampling.max_new_tokens=8", *sampled],
+        "qe-ebm": ["method=qe-ebm", "qe_ebm.estimator=loo-cv", "qe_ebm.ce_weight=1.0", "qe_ebm.energy_weight=1.0",
+                   "qe_ebm.energy_ramp_steps=0", "qe_ebm.sampling.num_samples=2", "qe_ebm.sampling.max_new_tokens=8", *sampled],
         # the teacher is refreshed at step 3 before the micro-steps, and left so by the undo
         "dpo": ["method=dpo", "preference.refresh_every=2", "preference.num_candidates=3", "preference.max_new_tokens=8",
                 "preference.guards=false", "optim.lr=0.05", *sampled],

@@ -190,7 +190,7 @@ def test_the_energy_reaches_every_bottleneck_parameter_and_never_the_qe(base, tm
     kiwi = build_tiny_kiwi(tmp_path / "kiwi", tokenizer_dir("xlmr"))
     cfg = mbart_config(base, tmp_path / "run", "method=qe-ebm", f"data.mono.path={tmp_path / 'mono.txt'}",
                        f"qe.path={kiwi}", "qe_ebm.sampling.num_samples=2", "qe_ebm.sampling.max_new_tokens=8",
-                       "data.dev.path=", "qe_ebm.alpha=0.0", "qe_ebm.beta_max=1.0", "qe_ebm.beta_ramp_steps=0")
+                       "data.dev.path=", "qe_ebm.ce_weight=0.0", "qe_ebm.energy_weight=1.0", "qe_ebm.energy_ramp_steps=0")
     set_seed(cfg.seed)
     tr = Translator.load(cfg.model)
     method = METHODS[cfg.method](cfg, tr, tr.model)

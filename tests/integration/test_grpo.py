@@ -247,7 +247,7 @@ def test_config_checks(base, tmp_path):
 @pytest.mark.parametrize("epochs", [1, 2])
 def test_the_first_epoch_starts_at_ratio_one_and_kl_zero(base, tmp_path, toy_reward, epochs):
     # No CE term: the batch holds source-only sentences alone.
-    cfg = make_config(base, tmp_path / "run", *FAST, f"grpo.epochs={epochs}", "grpo.kl_coef=0.1", "grpo.alpha=0.0")
+    cfg = make_config(base, tmp_path / "run", *FAST, f"grpo.epochs={epochs}", "grpo.kl_coef=0.1", "grpo.ce_weight=0.0")
     method = build(cfg)
     (r,) = method.finish_rollouts([method.rollout(mono_batch(4))], gather=lambda t: t)
     # Old log-probs are kept only for a later epoch's ratio.
@@ -261,14 +261,14 @@ def test_the_first_epoch_starts_at_ratio_one_and_kl_zero(base, tmp_path, toy_rew
 
 
 def test_without_a_kl_term_no_reference_is_kept(base, tmp_path, toy_reward):
-    method = build(make_config(base, tmp_path / "run", *FAST, "grpo.kl_coef=0.0", "grpo.alpha=0.0"))
+    method = build(make_config(base, tmp_path / "run", *FAST, "grpo.kl_coef=0.0", "grpo.ce_weight=0.0"))
     assert method.initial is None
     (r,) = method.finish_rollouts([method.rollout(mono_batch(2))], gather=lambda t: t)
     assert r.ref_logp is None and "grpo/kl" not in method.loss(r).metrics
 
 
 def test_with_lora_the_reference_is_the_translator_with_its_adapter_disabled(base, tmp_path, toy_reward):
-    cfg = make_config(base, tmp_path / "run", *FAST, "model.lora.enabled=true", "model.lora.r=4", "grpo.alpha=0.0",
+    cfg = make_config(base, tmp_path / "run", *FAST, "model.lora.enabled=true", "model.lora.r=4", "grpo.ce_weight=0.0",
                       "grpo.epochs=2")
     method = build(cfg)
     assert method.initial.copy is None  # no second model in memory

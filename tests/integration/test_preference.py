@@ -178,7 +178,7 @@ def pair_logprobs_eval(method, p):
 
 
 def test_cpo_nll_is_the_chosen_rows_token_mean_and_terms_add_up(world, tmp_path, length_scorer):
-    cfg = config(world, tmp_path / "run", "cpo", "preference.alpha=0.3", "preference.nll_weight=2.0",
+    cfg = config(world, tmp_path / "run", "cpo", "preference.ce_weight=0.3", "preference.nll_weight=2.0",
                  "preference.beta=0.2", "preference.guards=false")
     tr, method, batch = build(cfg)
     r = finished(method, batch)
@@ -396,7 +396,7 @@ def test_run_interrupted_mid_refresh_resumes_exactly(world, tmp_path):
     ("preference.num_candidates=1", "num_candidates must be at least 2"),
     ("preference.beta=0", "beta must be > 0"),
     ("preference.refresh_every=-1", "refresh_every must be 0"),
-    ("preference.nll_weight=-1", "alpha and nll_weight must be >= 0"),
+    ("preference.nll_weight=-1", "ce_weight and nll_weight must be >= 0"),
     ("preference.pool=all", "must be one of mono, labelled, both"),
     ("qe.mode=dynamic", "qe.mode must be 'static'"),
     ("method=cpo preference.reference=teacher", "method 'cpo' has none"),

@@ -256,9 +256,9 @@ def test_qe_only_overrides_turn_off_everything_but_the_qe():
 
     cfg = load_config(overrides=qe_only_overrides("qe-ebm", 4) + qe_only_overrides("reinforce", 4)
                       + qe_only_overrides("ppo", 4))
-    assert cfg.qe_ebm.alpha == 0 and cfg.qe_ebm.beta_max == 1 and cfg.qe_ebm.beta_ramp_steps == 0
+    assert cfg.qe_ebm.ce_weight == 0 and cfg.qe_ebm.energy_weight == 1 and cfg.qe_ebm.energy_ramp_steps == 0
     assert not (cfg.qe_ebm.guards or cfg.reinforce.guards or cfg.ppo.guards)
-    assert cfg.reinforce.alpha == cfg.ppo.alpha == 0 and cfg.reinforce.sampling.top_p == 1.0
+    assert cfg.reinforce.ce_weight == cfg.ppo.ce_weight == 0 and cfg.reinforce.sampling.top_p == 1.0
     assert cfg.qe_ebm.sampling.num_samples == cfg.ppo.sampling.num_samples == 4
     with pytest.raises(QeebmError, match="no QE-only form"):
         qe_only_overrides("sft", 4)

@@ -64,13 +64,13 @@ def test_published_schedule():
                               (4000, 0.99, 1e-3), (10000, 0.99, 1e-3)]:
         assert schedule(step, c) == pytest.approx((alpha, beta), rel=1e-12, abs=1e-15)
     # A fixed alpha, and a constant beta without a ramp.
-    assert schedule(7, QeEbmConfig(alpha=0.5, beta_max=0.2, beta_ramp_steps=0)) == (0.5, 0.2)
-    assert schedule(50, QeEbmConfig(beta_max=0.0)) == (1.0, 0.0)
-    # alpha = 1 - 10 beta is floored at 0, as the reference code does: beta_max 50 would otherwise give
+    assert schedule(7, QeEbmConfig(ce_weight=0.5, energy_weight=0.2, energy_ramp_steps=0)) == (0.5, 0.2)
+    assert schedule(50, QeEbmConfig(energy_weight=0.0)) == (1.0, 0.0)
+    # alpha = 1 - 10 beta is floored at 0, as the reference code does: energy_weight 50 would otherwise give
     # a negative alpha and the run would maximise the CE. Ramped over 100 steps, beta = 50 s / 100:
     # s=1: beta 0.5, alpha max(0, 1 - 5) = 0.  Unramped beta 0.05: alpha 1 - 0.5 = 0.5.
-    assert schedule(1, QeEbmConfig(beta_max=50.0, beta_ramp_steps=100)) == (0.0, 0.5)
-    assert schedule(1, QeEbmConfig(beta_max=0.05, beta_ramp_steps=0)) == pytest.approx((0.5, 0.05))
+    assert schedule(1, QeEbmConfig(energy_weight=50.0, energy_ramp_steps=100)) == (0.0, 0.5)
+    assert schedule(1, QeEbmConfig(energy_weight=0.05, energy_ramp_steps=0)) == pytest.approx((0.5, 0.05))
 
 
 def test_bad_settings_fail_before_loading(kiwi_world, tmp_path):
@@ -137,7 +137,7 @@ def test_other_estimators_reach_the_translator(kiwi_world, tmp_path, estimator):
 
 def test_beta_zero_is_sft_exactly(kiwi_world, tmp_path):
     sft = make_config(kiwi_world["base"], tmp_path / "sft", "optim.max_steps=1", "data.dev.path=")
-    qe = qe_config(kiwi_world, tmp_path / "qe", "optim.max_steps=1", "qe_ebm.beta_max=0.0")
+    qe = qe_config(kiwi_world, tmp_path / "qe", "optim.max_steps=1", "qe_ebm.energy_weight=0.0")
     train(sft)
     train(qe)
     a, b = final_weights(sft.output.run_dir), final_weights(qe.output.run_dir)
@@ -148,7 +148,7 @@ def test_beta_zero_is_sft_exactly(kiwi_world, tmp_path):
 
 
 def test_guard_hits_carry_no_energy(kiwi_world, tmp_path):
-    cfg = qe_config(kiwi_world, tmp_path / "g", "qe_ebm.guards=true", "qe_ebm.beta_max=1.0", "qe_ebm.beta_ramp_steps=0")
+    cfg = qe_config(kiwi_world, tmp_path / "g", "qe_ebm.guards=true", "qe_ebm.energy_weight=1.0", "qe_ebm.energy_ramp_steps=0")
     _, method, batch = build(cfg)
     r = method.rollout(batch)
     assert r.keep is not None and r.keep.shape == (r.mt_ids.shape[0],)
@@ -161,7 +161,7 @@ def test_guard_hits_carry_no_energy(kiwi_world, tmp_path):
     assert energy(half) + energy(1 - half) == pytest.approx(every, abs=1e-6)
     assert energy(torch.zeros_like(r.keep)) == 0.0
     # Without guards nothing is dropped and nothing is checked.
-    _, plain, batch = build(qe_config(kiwi_world, tmp_path / "p", "qe_ebm.beta_max=1.0", "qe_ebm.beta_ramp_steps=0"))
+    _, plain, batch = build(qe_config(kiwi_world, tmp_path / "p", "qe_ebm.energy_weight=1.0", "qe_ebm.energy_ramp_steps=0"))
     rp = plain.rollout(batch)
     assert rp.keep is None and not any(k.startswith("guard/") for k in rp.stats)
 
@@ -202,7 +202,7 @@ def _grads(term, params):
 
 
 def test_term_gradient_stats_equal_two_backward_passes(kiwi_world, tmp_path):
-    cfg = qe_config(kiwi_world, tmp_path / "run", "qe_ebm.alpha=0.7", "qe_ebm.beta_max=0.3", "qe_ebm.beta_ramp_steps=0")
+    cfg = qe_config(kiwi_world, tmp_path / "run", "qe_ebm.ce_weight=0.7", "qe_ebm.energy_weight=0.3", "qe_ebm.energy_ramp_steps=0")
     tr, method, batch = build(cfg)
     tr.model.eval()  # dropout off: the three forward passes below build the same graph
     params = [p for p in tr.model.parameters() if p.requires_grad]
@@ -227,7 +227,7 @@ def test_term_gradient_stats_equal_two_backward_passes(kiwi_world, tmp_path):
 
 
 def test_relative_weighting_hits_rho_and_is_scale_free(kiwi_world, tmp_path):
-    cfg = qe_config(kiwi_world, tmp_path / "run", "qe_ebm.weighting=relative", "qe_ebm.rho=0.1", "qe_ebm.beta_ramp_steps=0")
+    cfg = qe_config(kiwi_world, tmp_path / "run", "qe_ebm.weighting=relative", "qe_ebm.rho=0.1", "qe_ebm.energy_ramp_steps=0")
     tr, method, batch = build(cfg)
     tr.model.eval()
     params = [p for p in tr.model.parameters() if p.requires_grad]
@@ -254,7 +254,7 @@ def test_relative_weighting_backward_reuses_the_measured_gradients(kiwi_world, t
     """The loss of a measuring step carries alpha * grad CE + beta * grad E (already computed for
     beta), so its backward does not traverse the QE again; value and gradient equal those of the
     plain weighted sum, and accelerate-style scaling of the loss scales the gradient."""
-    cfg = qe_config(kiwi_world, tmp_path / "run", "qe_ebm.weighting=relative", "qe_ebm.rho=0.3", "qe_ebm.beta_ramp_steps=0")
+    cfg = qe_config(kiwi_world, tmp_path / "run", "qe_ebm.weighting=relative", "qe_ebm.rho=0.3", "qe_ebm.energy_ramp_steps=0")
     tr, method, batch = build(cfg)
     params = [p for p in tr.model.parameters() if p.requires_grad]
     with torch.no_grad():
@@ -285,7 +285,7 @@ def test_a_measuring_step_hands_the_loop_its_gradient_diagnostics(kiwi_world, tm
     """When relative weighting measured both terms' gradients, the step's gradient diagnostics come
     from them: equal to the loop's own measurement of the weighted terms (float rounding), and
     None on a step that did not measure (the loop then measures)."""
-    cfg = qe_config(kiwi_world, tmp_path / "run", "qe_ebm.weighting=relative", "qe_ebm.rho=0.3", "qe_ebm.beta_ramp_steps=0",
+    cfg = qe_config(kiwi_world, tmp_path / "run", "qe_ebm.weighting=relative", "qe_ebm.rho=0.3", "qe_ebm.energy_ramp_steps=0",
                     "qe_ebm.rho_every=5")
     tr, method, batch = build(cfg)
     params = [p for p in tr.model.parameters() if p.requires_grad]
@@ -302,7 +302,7 @@ def test_a_measuring_step_hands_the_loop_its_gradient_diagnostics(kiwi_world, tm
 
 
 def test_relative_weighting_reuses_its_measurement_between_due_steps(kiwi_world, tmp_path):
-    cfg = qe_config(kiwi_world, tmp_path / "run", "qe_ebm.weighting=relative", "qe_ebm.rho_every=3", "qe_ebm.beta_ramp_steps=0")
+    cfg = qe_config(kiwi_world, tmp_path / "run", "qe_ebm.weighting=relative", "qe_ebm.rho_every=3", "qe_ebm.energy_ramp_steps=0")
     tr, method, batch = build(cfg)
     with torch.no_grad():
         rollout = method.rollout(batch)
@@ -322,8 +322,8 @@ def test_relative_weighting_reuses_its_measurement_between_due_steps(kiwi_world,
 
 
 def test_relative_weighting_needs_a_ce_term(kiwi_world, tmp_path):
-    with pytest.raises(QeebmError, match="alpha must be > 0"):
-        train(qe_config(kiwi_world, tmp_path / "a", "qe_ebm.weighting=relative", "qe_ebm.alpha=0"))
+    with pytest.raises(QeebmError, match="ce_weight must be > 0"):
+        train(qe_config(kiwi_world, tmp_path / "a", "qe_ebm.weighting=relative", "qe_ebm.ce_weight=0"))
 
 
 def test_straight_through_sgd_raises_the_expected_qe_score(kiwi_world, tmp_path):
@@ -446,8 +446,8 @@ def test_dynamic_run_resumes_exactly(kiwi_world, tmp_path):
 def test_estimator_run_resumes_exactly(kiwi_world, tmp_path, estimator):
     # loo-cv's weight is fitted on the previous step: a run stopped after step 2 must carry step 2's
     # sums into step 3 as the straight run does. Dropout on, so the RNG states matter too.
-    common = [f"qe_ebm.estimator={estimator}", "model.dropout=null", "output.save_every=2", "qe_ebm.alpha=1.0",
-              "qe_ebm.beta_max=1.0", "qe_ebm.beta_ramp_steps=0"]
+    common = [f"qe_ebm.estimator={estimator}", "model.dropout=null", "output.save_every=2", "qe_ebm.ce_weight=1.0",
+              "qe_ebm.energy_weight=1.0", "qe_ebm.energy_ramp_steps=0"]
     load, a, b = straight_and_resumed(kiwi_world, tmp_path, common)
     assert [r["loss"] for r in a] == [r["loss"] for r in b]
     if estimator == "loo-cv":

@@ -69,7 +69,7 @@ def test_two_steps_move_every_trainable_parameter(world, tmp_path):
 
 
 def test_terms_are_the_weighted_parts_of_the_loss(world, tmp_path, length_scorer):
-    cfg = config(world, tmp_path / "run", "qe_finetune.alpha=0.3", "qe_finetune.distill_weight=2.0")
+    cfg = config(world, tmp_path / "run", "qe_finetune.ce_weight=0.3", "qe_finetune.distill_weight=2.0")
     _, method, batch = build(cfg)
     (rollout,) = method.finish_rollouts([method.rollout(batch)], gather=lambda t: t)
     out = method.loss(rollout)
@@ -125,7 +125,7 @@ def test_teacher_follows_the_translator_at_each_refresh(world, tmp_path, length_
 
 def test_one_greedy_candidate_without_refresh_is_sft_on_the_base_greedy_translations(world, tmp_path):
     common = ["optim.max_steps=3", "qe_finetune.num_candidates=1", "qe_finetune.num_beams=1",
-              "qe_finetune.alpha=0.0", "qe_finetune.refresh_every=0"]
+              "qe_finetune.ce_weight=0.0", "qe_finetune.refresh_every=0"]
     finetune = config(world, tmp_path / "finetune", *common)
     tr = Translator.load(finetune.model)
     mono = load_mono(finetune, tr).src
@@ -172,7 +172,7 @@ def test_run_interrupted_mid_refresh_resumes_exactly(world, tmp_path):
 @pytest.mark.parametrize("override, message", [
     ("qe_finetune.refresh_every=-1", "refresh_every must be 0"),
     ("qe_finetune.num_candidates=0", "num_candidates and num_beams must be at least 1"),
-    ("qe_finetune.alpha=0.0 qe_finetune.distill_weight=0.0", "not both 0"),
+    ("qe_finetune.ce_weight=0.0 qe_finetune.distill_weight=0.0", "not both 0"),
     ("qe.mode=dynamic", "qe.mode must be 'static'"),
     ("qe_finetune.selection=best", "must be one of rerank, mbr"),
 ])

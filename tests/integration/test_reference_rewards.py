@@ -23,8 +23,8 @@ from support.tiny import tiny_texts, tokenizer_dir
 
 SMALL = {"reinforce": ["reinforce.sampling.num_samples=2", "reinforce.sampling.max_new_tokens=8"],
          "ppo": ["ppo.sampling.max_new_tokens=8", "ppo.minibatches=2"],
-         "qe-ebm": ["qe_ebm.sampling.num_samples=2", "qe_ebm.sampling.max_new_tokens=8", "qe_ebm.beta_max=1.0",
-                    "qe_ebm.beta_ramp_steps=0"]}
+         "qe-ebm": ["qe_ebm.sampling.num_samples=2", "qe_ebm.sampling.max_new_tokens=8", "qe_ebm.energy_weight=1.0",
+                    "qe_ebm.energy_ramp_steps=0"]}
 
 
 @pytest.fixture(scope="module")

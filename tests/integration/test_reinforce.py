@@ -91,7 +91,7 @@ def first_token_mass(model_dir: Path, sources: list[str], favoured: list[int], c
 
 def test_toy_reward_moves_probability_toward_rewarded_samples(base, tmp_path, toy_reward):
     # Pure policy gradient (no CE), leave-one-out baseline: only the toy reward drives the update.
-    cfg = make_config(base, tmp_path / "run", "method=reinforce", "reinforce.alpha=0.0", "reinforce.pg_weight=1.0",
+    cfg = make_config(base, tmp_path / "run", "method=reinforce", "reinforce.ce_weight=0.0", "reinforce.pg_weight=1.0",
                       "reinforce.baseline=rloo", "reinforce.reward_scaling=none", "reinforce.guards=false",
                       "reinforce.sampling.num_samples=8", "reinforce.sampling.max_new_tokens=3", "optim.max_steps=2", "optim.batch_size=16",
                       "optim.lr=1e-2")

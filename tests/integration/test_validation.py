@@ -98,7 +98,7 @@ def test_judge_needs_a_path_and_unknown_metrics_fail_early(world, tmp_path):
 @pytest.mark.parametrize("method", ["qe-ebm"])
 def test_gradient_diagnostics_are_logged(world, tmp_path, method):
     run = tmp_path / "run"
-    extra = {"qe-ebm": ["qe_ebm.alpha=1.0", "qe_ebm.beta_max=0.5", "qe_ebm.beta_ramp_steps=0", "qe_ebm.sampling.num_samples=2"],
+    extra = {"qe-ebm": ["qe_ebm.ce_weight=1.0", "qe_ebm.energy_weight=0.5", "qe_ebm.energy_ramp_steps=0", "qe_ebm.sampling.num_samples=2"],
              "reinforce": ["reinforce.sampling.num_samples=2"]}[method]
     cfg = make_config(world["base"], run, f"method={method}", f"qe.path={world['kiwi']}", "optim.max_steps=2",
                       "logging.every=2", "data.dev.path=", "qe_ebm.sampling.max_new_tokens=8", "reinforce.sampling.max_new_tokens=8",

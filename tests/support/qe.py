@@ -190,7 +190,7 @@ class LengthScorer:
 # Few, short samples: the tests need the paths to run, not good translations.
 SMALL = ["qe_ebm.sampling.num_samples=2", "qe_ebm.sampling.max_new_tokens=8", "data.dev.path="]
 # Pure energy: alpha 0, beta 1 from the first step.
-ENERGY_ONLY = ["qe_ebm.alpha=0.0", "qe_ebm.beta_max=1.0", "qe_ebm.beta_ramp_steps=0"]
+ENERGY_ONLY = ["qe_ebm.ce_weight=0.0", "qe_ebm.energy_weight=1.0", "qe_ebm.energy_ramp_steps=0"]
 
 
 def write_kiwi_world(root: Path) -> dict:

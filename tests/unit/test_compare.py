@@ -277,7 +277,7 @@ Cells: score ± half-width of its 95% bootstrap CI (percentile, segments resampl
 
 - qe-ebm vs sft: +2.5 BLEU*, -0.2 COMET
 
-signature: test:paired-bs|ci:95%-percentile|resamples:1000|seed:12345|alpha:0.05|seeds:same-seed-else-all-pairs|sacrebleu:{sacrebleu.__version__}|qeebm:{QEEBM_VERSION}
+signature: test:paired-bs|ci:95%-percentile|resamples:1000|seed:12345|significance:0.05|seeds:same-seed-else-all-pairs|sacrebleu:{sacrebleu.__version__}|qeebm:{QEEBM_VERSION}
 BLEU: nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0
 """
     assert format_markdown(_hand_made_comparison()) == expected

@@ -105,9 +105,19 @@ def test_the_weights_former_names_are_read_as_their_new_ones(caplog):
     assert "config key 'qe_finetune.beta' is now 'qe_finetune.distill_weight'" in caplog.text
     with pytest.raises(QeebmError, match="'reinforce.beta' and 'reinforce.pg_weight' both given"):
         load_config(None, ["reinforce.beta=0.3", "reinforce.pg_weight=0.5"])
-    # QE-EBM's energy weight keeps the paper's name.
+    # QE-EBM's weights are named for what they weigh; the paper's alpha and beta are the old keys.
+    old = load_config(None, ["qe_ebm.beta_max=0.5", "qe_ebm.beta_ramp_steps=7", "qe_ebm.alpha=0.9",
+                             "qe_ebm.alpha_coupling=2.0", "ppo.alpha=0.25", "preference.alpha=0.0"])
+    c = old.qe_ebm
+    assert (c.energy_weight, c.energy_ramp_steps, c.ce_weight, c.ce_coupling) == (0.5, 7, 0.9, 2.0)
+    assert (old.ppo.ce_weight, old.preference.ce_weight) == (0.25, 0.0)
+    assert "config key 'qe_ebm.beta_max' is now 'qe_ebm.energy_weight'" in caplog.text
+    assert "config key 'ppo.alpha' is now 'ppo.ce_weight'" in caplog.text
     with pytest.raises(QeebmError, match="unknown config key 'qe_ebm.beta'"):
         load_config(None, ["qe_ebm.beta=0.3"])
+    # LoRA's alpha is peft's name and stays.
+    assert load_config(None, ["model.lora.alpha=8"]).model.lora.alpha == 8
+
 
 def test_each_method_keeps_its_own_sampling_defaults():
     cfg = Config()
