@@ -565,15 +565,10 @@ def _yaml_value(value) -> str:
 
 
 def plan_disk(plan: Plan) -> list[Optional[disk.RunDisk]]:
-    """Each run's disk (None where its translator's architecture is not known offline); the
-    translator is counted once per model setting."""
-    counted: dict[str, Optional[disk.Counts]] = {}
+    """Each run's disk (None where its translator's architecture is not known offline)."""
     out = []
     for run in plan.runs:
-        key = repr(run.cfg.model)
-        if key not in counted:
-            counted[key] = disk.translator_counts(run.cfg.model)
-        counts = counted[key]
+        counts = disk.translator_counts(run.cfg.model)
         out.append(None if counts is None else disk.run_disk(run.cfg, counts))
     return out
 
