@@ -31,6 +31,13 @@ from collections import defaultdict
 
 import torch
 
+import qeebm.qe.energy
+import qeebm.qe.scoring
+import qeebm.training.loop
+from qeebm.qe.bridge import Bridge
+from qeebm.qe.energy import KiwiEnergy
+from qeebm.translation.translator import Translator
+
 PHASES = ("sampling", "replay", "relax+bridge", "alignment", "qe forward", "backward", "optimiser", "other")
 
 
@@ -174,12 +181,6 @@ def instrument(timer: PhaseTimer) -> None:
     """Wrap the step's heavy functions (see the module docstring) for the run that follows."""
     from transformers import M2M100ForConditionalGeneration, MBartForConditionalGeneration, XLMRobertaModel
 
-    import qeebm.qe.energy
-    import qeebm.qe.scoring
-    import qeebm.training.loop
-    from qeebm.qe.bridge import Bridge
-    from qeebm.qe.energy import KiwiEnergy
-    from qeebm.translation.translator import Translator
 
     def arg(args, kwargs, i, name):
         return args[i] if len(args) > i else kwargs.get(name)

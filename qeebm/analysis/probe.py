@@ -15,7 +15,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from qeebm.config import load_config
+from qeebm.data.corpus import read_corpus
 from qeebm.errors import QeebmError
+from qeebm.training.loop import ValidationScorers, train, validate
+from qeebm.translation.translator import Translator
+from qeebm.utils.runlog import read_metrics
 
 # Model directories a run writes; the probe needs only its log.
 _MODEL_DIRS = ("best", "final", "checkpoints")
@@ -42,9 +47,6 @@ def qe_only_overrides(method: str, k: int) -> list[str]:
 def start_metrics(cfg, device=None) -> dict[str, float]:
     """The validation metrics (``loop.validate``: dev BLEU, chrF++, loss and the QE metrics of
     ``cfg.eval``) of ``cfg.model`` before any training step: the common start of every curve."""
-    from qeebm.data.corpus import read_corpus
-    from qeebm.training.loop import ValidationScorers, validate
-    from qeebm.translation.translator import Translator
 
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     translator = Translator.load(cfg.model).to(device)
@@ -94,9 +96,6 @@ def hackability_probe(qe: str, translator: str, dev: str, src_lang: str, tgt_lan
     """A short energy-only QE-EBM run (``probe_overrides``) against ``qe``, a CometKiwi, in
     ``run_dir`` (replaced if it exists; its weights are removed afterwards): how far the QE score of
     the samples rises, how far dev chrF++ falls and how long the samples get (``summarise``)."""
-    from qeebm.config import load_config
-    from qeebm.training.loop import train
-    from qeebm.utils.runlog import read_metrics
 
     if steps < 1:
         raise QeebmError(f"--probe-steps must be at least 1; got {steps}")

@@ -25,6 +25,7 @@ What decided, in the tiny world, whether training against a QE helps (docs/qe-ch
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import logging
 import math
@@ -36,9 +37,18 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 import torch
 
+from qeebm.config import CorpusConfig, GenerationConfig, ModelConfig, SamplingConfig
+from qeebm.data.corpus import read_corpus
 from qeebm.errors import QeebmError
+from qeebm.evaluation.plots import plot_qe_check
+from qeebm.guards import GuardConfig, check
+from qeebm.methods.sampling import sampling_config
+from qeebm.metrics.sacrebleu import make_metric
 from qeebm.qe.degrade import DEGRADATIONS, degrade_all
+from qeebm.qe.scoring import QEScorer
 from qeebm.qe.tiny import pearson, spearman
+from qeebm.translation.qad import generate_candidates
+from qeebm.translation.translator import Translator
 
 log = logging.getLogger(__name__)
 
@@ -80,9 +90,6 @@ def make_candidates(translator, src: Sequence[str], ref: Sequence[str], k: int =
     """K samples of each source as QE-EBM draws them (ancestral, temperature 1, no top-k/top-p:
     ``methods.sampling.sampling_config``), its beam output, and the degraded references; the
     sampling is seeded and leaves torch's global generator as it was."""
-    from qeebm.config import GenerationConfig, SamplingConfig
-    from qeebm.methods.sampling import sampling_config
-    from qeebm.translation.qad import generate_candidates
 
     if k < 3:
         raise QeebmError(f"qe-check needs at least 3 samples per source to rank them; got {k}")
@@ -149,7 +156,6 @@ def reference_score_fn(scorer) -> Callable:
 
 def chrf_scores(src: list[str], mt: list[str], ref: list[str]) -> list[float]:
     """Sentence chrF++ (sacrebleu's defaults, as ``qeebm evaluate`` computes corpus chrF++)."""
-    from qeebm.metrics.sacrebleu import make_metric
 
     metric = make_metric("chrf")
     return [metric.sentence_score(m, [r]).score for m, r in zip(mt, ref)]
@@ -260,7 +266,6 @@ def guard_coverage(c: Candidates, guards, tgt_lang: str, src_lang: str, count_to
     (``qeebm.qe.degrade.DEGRADATIONS``) flags; and for each guard, how often it flags a reference
     (a false alarm). ``guards``: a ``qeebm.guards.GuardConfig``; a guard it disables, or one that
     cannot run for this language, is reported as None."""
-    from qeebm.guards import check
 
     cfg = dataclasses.replace(guards, language_id=False)
     try:
@@ -481,7 +486,6 @@ def _device(device: Optional[str]) -> torch.device:
 
 
 def _free(device: torch.device) -> None:
-    import gc
 
     gc.collect()
     if device.type == "cuda":
@@ -502,12 +506,7 @@ def run(qe: str, translator: str, dev: str, out: str | Path, *, src_lang: str = 
     ``translator``, scored by ``qe``, measured against sentence chrF++ and, if given, the
     reference-based ``comet``; the hackability probe with ``probe_steps`` > 0. Writes
     ``OUT/qe_check.json``, ``OUT/qe_check.md`` and the plots; returns the JSON's content."""
-    from qeebm.config import CorpusConfig, ModelConfig
-    from qeebm.data.corpus import read_corpus
-    from qeebm.guards import GuardConfig
     from qeebm.qe.models import load_qe
-    from qeebm.qe.scoring import QEScorer
-    from qeebm.translation.translator import Translator
 
     if max_sentences < 0:
         raise QeebmError(f"--max-sentences must be >= 0 (0: all); got {max_sentences}")
@@ -680,7 +679,6 @@ def format_markdown(result: dict, plots: Sequence[Path] = ()) -> str:
 
 def write(result: dict, out: str | Path) -> tuple[Path, Path]:
     """``OUT/qe_check.json``, the plots and ``OUT/qe_check.md``."""
-    from qeebm.evaluation.plots import plot_qe_check
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

@@ -33,7 +33,10 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
 from qeebm.config import SPLIT_FILES
+from qeebm.data.corpus import write_lines, write_tsv
 from qeebm.errors import QeebmError, first_line
+from qeebm.utils import hub
+from qeebm.utils.integrity import sha256_file as file_sha256
 
 log = logging.getLogger("qeebm.data.prepare")
 
@@ -175,7 +178,6 @@ def offline_error(corpus: HubCorpus, out_dir: Path, why: str = "") -> QeebmError
 def check_hub(corpus: HubCorpus, out_dir: Path) -> None:
     """Whether the corpus can be downloaded from here, asked of the hub client (seconds; it honours
     proxies), before ``datasets`` would retry for minutes. A failure names its cause."""
-    from qeebm.utils import hub
 
     if hub.offline(datasets=True):
         raise offline_error(corpus, out_dir)
@@ -259,8 +261,6 @@ def prepare(corpus: HubCorpus, out_dir: str | Path, *, tokenizer: Optional[str],
     """Download ``corpus`` and write the split files into ``out_dir`` (see the module docstring);
     a finished directory is left alone. ``tokenizer`` (the translator's hub id) counts the tokens
     of the length filter; ``held_out`` caps a dev/test split carved from train (at most a tenth)."""
-    from qeebm.data.corpus import write_lines, write_tsv
-    from qeebm.utils.integrity import sha256_file as file_sha256
 
     out = Path(out_dir)
     if is_prepared(out):

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from qeebm.config import CorpusConfig, GenerationConfig
+from qeebm.data.corpus import read_corpus
 from qeebm.errors import QeebmError
 from qeebm.evaluation.evaluate import (
     JUDGE_NAME,
@@ -30,8 +31,11 @@ from qeebm.evaluation.evaluate import (
     system_name,
     translate_test,
 )
+from qeebm.evaluation.report import config_id as make_config_id
+from qeebm.evaluation.report import write_report
 from qeebm.metrics.registry import DEFAULT_MODELS, SACREBLEU_METRICS
 from qeebm.metrics.sacrebleu import bleu_tokenizer
+from qeebm.translation.qad import check_selection_model, selection_from_args
 
 
 def _parse_judges(items: Sequence[str]) -> dict[str, str]:
@@ -86,10 +90,6 @@ def metric_spec_from_args(args) -> MetricSpec:
 def evaluate_main(args) -> dict:
     """``qeebm evaluate``: translate (or read) the test set's hypotheses, score them, print the
     corpus scores and write the report (--output, or <run>/eval/<split>.json with --run)."""
-    from qeebm.data.corpus import read_corpus
-    from qeebm.evaluation.report import config_id as make_config_id
-    from qeebm.evaluation.report import write_report
-    from qeebm.translation.qad import check_selection_model, selection_from_args
 
     spec = metric_spec_from_args(args)
     names = spec.selected()

@@ -12,6 +12,7 @@ are loaded one at a time and freed after use: XCOMET-XL alone is 3.5B parameters
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import hashlib
 import json
@@ -20,17 +21,24 @@ import re
 import time
 import warnings
 from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
 import torch
 
-from qeebm.config import CorpusConfig, GenerationConfig
+from qeebm.config import CorpusConfig, GenerationConfig, ModelConfig
+from qeebm.data.corpus import Corpus, read_corpus
 from qeebm.errors import QeebmError
+from qeebm.evaluation.report import build_report, validate_report, write_report
+from qeebm.evaluation.report import config_id as make_config_id
 from qeebm.methods import METHODS
 from qeebm.metrics.registry import DEFAULT_MODELS, SACREBLEU_METRICS
+from qeebm.metrics.sacrebleu import bleu_tokenizer
+from qeebm.qe.models import resolve_checkpoint
 from qeebm.translation.decoding import decode_test
-from qeebm.translation.qad import Selection
+from qeebm.translation.qad import CHRF, Selection, candidate_generation, check_selection_model, decode_and_select
+from qeebm.translation.translator import Translator
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +152,6 @@ def check_trained_on(trained_on: Optional[str], spec: MetricSpec) -> None:
 def check_qe_models(spec: MetricSpec, names: Sequence[str]) -> None:
     """Find every selected QE checkpoint now, before the test set is translated: a hub id that is
     not cached fails here, in seconds, with load_qe's message."""
-    from qeebm.qe.models import resolve_checkpoint
 
     models = spec.qe_models()
     for name in names:
@@ -197,7 +204,6 @@ def qe_scores(model_path: str, src: Sequence[str], hyp: Sequence[str], ref: Opti
     The scores are comet-score's: the model halved for fp16 as comet-score does, then comet's own
     ``predict`` (its length batching by source). Reference-free models (CometKiwi) never see ``ref``.
     The model is freed before this returns."""
-    from importlib import metadata
 
     from qeebm.qe.models import load_qe, qe_kind
 
@@ -238,7 +244,6 @@ def qe_scores(model_path: str, src: Sequence[str], hyp: Sequence[str], ref: Opti
 
 def read_test(test) -> tuple[list[str], list[str], Optional[str]]:
     """(sources, references, path) of a test corpus given as a path, a CorpusConfig or a Corpus."""
-    from qeebm.data.corpus import Corpus, read_corpus
 
     if isinstance(test, Corpus):
         if test.tgt is None:
@@ -319,7 +324,6 @@ def evaluate_system(
     composite reward the system was trained against (``infer_reward_terms``), recorded in the report;
     "auto" held-out metrics leave out every term's metric too. ``model``, ``decoding`` and
     ``data_path`` are provenance only."""
-    from qeebm.metrics.sacrebleu import bleu_tokenizer
     from qeebm.translation.qad import Selection, check_selection_model, decode_and_select
 
     spec = metrics or MetricSpec()
@@ -367,7 +371,6 @@ def evaluate_system(
         trained = {trained_on, selected_on} | {t.get("metric") for t in reward_terms or ()}
         heldout = [n for n in neural if n not in trained]
 
-    from qeebm.evaluation.report import build_report, validate_report
 
     sacre = [n for n in SACREBLEU_METRICS if n in names]
     report = build_report(system=system, seed=seed, config_id=config_id, hyp=hyps, ref=ref, src=src,
@@ -387,7 +390,6 @@ def evaluate_system(
 
 def selection_generation(gen: GenerationConfig, selection: dict) -> GenerationConfig:
     """The decoding that made a selection's candidates (for the report's ``decoding``)."""
-    from qeebm.translation.qad import candidate_generation
 
     return candidate_generation(gen, selection["candidates"], selection["mode"])
 
@@ -420,7 +422,6 @@ def eval_report_path(run_dir: Union[str, Path], split: str = "test") -> Path:
 
 def write_eval(report: dict, run_dir: Union[str, Path], split: str = "test") -> Path:
     """Write a report where scripts/compare.py looks for it: ``<run>/eval/<split>.json``."""
-    from qeebm.evaluation.report import write_report
 
     return write_report(eval_report_path(run_dir, split), report)
 
@@ -485,7 +486,6 @@ def _same_model(a: str, b: str) -> bool:
 def _term_metric(path: str, spec: MetricSpec) -> str:
     """The report metric a reward term is: chrF++ for ``chrf``, the metric whose model is ``path``,
     else "kiwi" (as ``infer_trained_on``: an unknown QE is taken for a CometKiwi-style estimator)."""
-    from qeebm.translation.qad import CHRF
 
     if path == CHRF:
         return "chrf"
@@ -531,7 +531,6 @@ def infer_trained_on(config: Optional[dict], spec: MetricSpec) -> Optional[str]:
 def run_metric_spec(config: Optional[dict], spec: MetricSpec) -> MetricSpec:
     """``spec`` with the run's ``eval.bleu_tokenize`` (the tokenizer its validation BLEU used) where
     ``spec`` chooses none, so a run's test BLEU is tokenized as its validation BLEU was."""
-    import dataclasses
 
     chosen = ((config or {}).get("eval") or {}).get("bleu_tokenize")
     if spec.bleu_tokenize is None and chosen:
@@ -545,9 +544,6 @@ def translate_test(model: str, src_lang: str, tgt_lang: str, src: list[str], gen
     translator on the test sources, with ``selection`` (a ``qeebm.translation.qad.Selection``) choosing among
     its candidates if given. The translator is freed before returning, and before a selection's
     model is loaded: the QE models come next, one at a time."""
-    from qeebm.config import ModelConfig
-    from qeebm.translation.qad import decode_and_select
-    from qeebm.translation.translator import Translator
 
     decoding: dict = {}
 
@@ -580,10 +576,6 @@ def evaluate_run(run_dir: Union[str, Path], test=None, metrics: Optional[MetricS
     and write ``<run>/eval/<split>.json`` (with a ``selection``: ``<split>-<rule>.json``, system
     ``<system>+<rule>``). ``test`` defaults to the run's data.test; system, seed, config_id and
     trained_on come from the run's config.yaml unless given. Returns (report, path)."""
-    from qeebm.data.corpus import Corpus
-    from qeebm.evaluation.report import config_id as make_config_id
-    from qeebm.metrics.sacrebleu import bleu_tokenizer
-    from qeebm.translation.qad import check_selection_model
 
     config = run_config(run_dir)
     if config is None:

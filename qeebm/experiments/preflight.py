@@ -18,11 +18,13 @@ in one QeebmError that counts them.
 from __future__ import annotations
 
 import gc
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
+from qeebm.data.corpus import read_corpus
 from qeebm.errors import QeebmError
 from qeebm.utils import hub
 
@@ -138,7 +140,6 @@ def _fetch(need: Need, plan) -> str:
 
         model = load_qe(need.name)
         return f"loaded, {qe_kind(model)}, {_parameters(model)}"
-    from qeebm.data.corpus import read_corpus
 
     if need.kind == "corpus":
         plan.prepare_corpus()
@@ -170,14 +171,12 @@ def _round(title: str, items: list[Need], step: Callable[[Need, object], str], p
 
 def access(plan, out=None, items: Optional[list[Need]] = None) -> None:
     """Round 1 over ``needs(plan)``: seconds, nothing downloaded (a QeebmError if any fails)."""
-    import sys
 
     _round("access check", needs(plan) if items is None else items, _access, plan, out or sys.stderr)
 
 
 def check(plan, out=None) -> None:
     """Both rounds, what ``--check`` does: access, then download and load everything once."""
-    import sys
 
     out = out or sys.stdout
     items = needs(plan)

@@ -36,19 +36,22 @@ import logging
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, Optional, Union
 
 from qeebm.config import EXTRA_SYSTEMS, SEEDS, SYSTEMS, Config, data_path_overrides, flat_dict, load_config, to_dict
-from qeebm.data.prepare import HubCorpus, is_prepared
+from qeebm.data.prepare import HubCorpus, is_prepared, prepare
 from qeebm.errors import QeebmError
+from qeebm.evaluation.compare import run as compare
 from qeebm.experiments import disk
 from qeebm.metrics.registry import DEFAULT_MODELS
-from qeebm.translation.qad import DEFAULT_CANDIDATES
+from qeebm.translation.qad import DEFAULT_CANDIDATES, Selection
 from qeebm.utils import resources
 from qeebm.utils.langcodes import NLLB_TO_MBART50, to_model_code
 from qeebm.utils.process import setup_process
@@ -147,7 +150,6 @@ class Plan:
 
     def selection(self):
         """The reranked evaluation's selection (the trained-on COMET-Kiwi over beam candidates), or None."""
-        from qeebm.translation.qad import Selection
 
         return Selection("rerank", self.metrics["kiwi"], candidates=self.rerank) if self.rerank else None
 
@@ -167,7 +169,6 @@ class Plan:
 
     def prepare_corpus(self) -> None:
         """The data step: the corpus downloaded and split into ``data_dir`` (once)."""
-        from qeebm.data.prepare import prepare
 
         cfg, choice = self.runs[0].cfg, MODELS[self.model]
         prepare(self.recipe.corpus, self.data_dir, tokenizer=choice.hub_id,
@@ -712,7 +713,6 @@ def selections(run: Run) -> list[tuple[str, str]]:
 
 def compare_runs(plan: Plan) -> str:
     """The comparison of the best/ choices, and (written beside it) of each other selection."""
-    from qeebm.evaluation.compare import run as compare
 
     text = compare(plan.run_dirs() + plan.rerank_reports(), baseline=plan.baseline, out=plan.results, plots=True)
     splits = dict.fromkeys(split for run in plan.runs for _, split in selections(run)[1:])
@@ -888,8 +888,6 @@ def supervise(cmd: list[str], script: str) -> int:
     they stopped cleanly. SIGINT and SIGHUP go to the launcher, which ends its workers. Exit status:
     the launcher's, or 0 when a training process reports (through $QEEBM_PREEMPTED_FILE) that it
     stopped on a signal with a checkpoint, whatever the launcher says: the same command resumes."""
-    import signal
-    import tempfile
 
     import psutil
 

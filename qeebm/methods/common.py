@@ -14,11 +14,13 @@ import torch
 import torch.nn.functional as F
 
 from qeebm.config import Config, GenerationConfig
+from qeebm.data.corpus import corpus_format
 from qeebm.errors import QeebmError
 from qeebm.guards import GuardResult, check
 from qeebm.methods.base import Batch
 from qeebm.methods.rl import penalised_rewards
-from qeebm.translation.qad import generate_candidates
+from qeebm.qe.scoring import QEScorer
+from qeebm.translation.qad import CHRF, ChrfScorer, generate_candidates
 from qeebm.translation.translator import eval_mode
 
 log = logging.getLogger(__name__)
@@ -59,12 +61,10 @@ REFERENCE_KINDS = ("comet", "chrf")
 def build_scorer(cfg: Config, device: torch.device):
     """A cached, no-grad scorer of ``qe.path`` on ``device``: a QE model (CometKiwi, COMET, XCOMET), or
     sentence chrF++ for the literal ``chrf`` (tests swap in a toy one here)."""
-    from qeebm.translation.qad import CHRF, ChrfScorer
 
     if cfg.qe.path == CHRF:
         return ChrfScorer()
     from qeebm.qe.models import load_qe
-    from qeebm.qe.scoring import QEScorer
 
     return QEScorer(load_qe(cfg.qe.path).to(device))
 
@@ -128,7 +128,6 @@ class CompositeScorer:
 def check_reference_pool(cfg: Config, names: list[str]) -> None:
     """Terms that read references need a pool with a reference column; a plain-text pool is refused
     here, naming them, before the loop reads it."""
-    from qeebm.data.corpus import corpus_format
 
     mono = cfg.data.mono
     if names and mono.path and corpus_format(mono, "mono") == "text" and not mono.tgt_path:

@@ -4,6 +4,7 @@ sufficient statistics per segment: what lets compare.py bootstrap any metric by 
 from __future__ import annotations
 
 import functools
+import importlib.util
 from typing import Sequence
 
 import numpy as np
@@ -111,7 +112,6 @@ def bleu_tokenizer(tgt_lang: str | None, override: str | None = None) -> str:
 def check_tokenizer_installed(name: str, tgt_lang: str | None = None) -> None:
     """sacrebleu imports MeCab only when a Japanese or Korean BLEU is built, and then fails with a
     multi-line RuntimeError; this says which package to install, in one line, before any work."""
-    import importlib.util
 
     if name not in TOKENIZER_PACKAGES:
         return

@@ -55,7 +55,7 @@ from qeebm.errors import QeebmError
 from qeebm.qe.bridge import Alignment, Bridge
 from qeebm.qe.models import load_qe, qe_kind
 from qeebm.qe.packed import packable, packed_scores
-from qeebm.qe.scoring import kiwi_row, pad_rows
+from qeebm.qe.scoring import _EvalMode, _to, kiwi_row, pad_rows
 
 RELAXATIONS = ("st", "softmax", "gumbel-st", "reinmax")
 
@@ -342,7 +342,6 @@ class UnifiedEnergy(Energy):
     @torch.no_grad()
     def _mqm(self, src: list[str], mt: list[str], ref: list[str]) -> Tensor:
         """XCOMET's MQM score of the error spans comet decodes for the texts ([B], in [0, 1])."""
-        from qeebm.qe.scoring import _EvalMode, _to
 
         samples = [{"src": s, "mt": m, "ref": r} for s, m, r in zip(src, mt, ref)]
         with _EvalMode(self.qe):

@@ -19,7 +19,10 @@ from pathlib import Path
 
 import torch
 
+from qeebm.data.corpus import check_writable, write_atomic
 from qeebm.errors import QeebmError
+from qeebm.qe.scoring import QEScorer
+from qeebm.qe.tiny import pearson, spearman
 
 COLUMNS = ("src", "mt", "score")
 
@@ -27,7 +30,6 @@ COLUMNS = ("src", "mt", "score")
 def write_judged(path: str | Path, rows, origins: list[str] | None = None) -> Path:
     """(src, mt, ref, quality) rows as a TSV file with the header ``src mt ref score``, and a fifth
     column ``origin`` when ``origins`` are given (where each translation came from)."""
-    from qeebm.data.corpus import check_writable, write_atomic
 
     path = Path(path)
     lines = ["src\tmt\tref\tscore" + ("\torigin" if origins is not None else "")]
@@ -105,7 +107,6 @@ def read_judged(path: str | Path, max_rows: int = 0) -> tuple[list[str], list[st
 
 def correlations(predicted, true) -> dict[str, float]:
     """Pearson and Spearman correlation of ``predicted`` with ``true`` (nan when one is constant)."""
-    from qeebm.qe.tiny import pearson, spearman
 
     return {"pearson": pearson(predicted, true), "spearman": spearman(predicted, true)}
 
@@ -135,7 +136,6 @@ class HeldoutProbe:
         return len(self.true)
 
     def measure(self, qe) -> dict[str, float]:
-        from qeebm.qe.scoring import QEScorer
 
         with torch.random.fork_rng(devices=[]):
             scores = QEScorer(qe, batch_size=self.batch_size, cache=False).score(self.src, self.mt)

@@ -19,8 +19,13 @@ stale; `load_qe` therefore never trusts it and points the encoder at `<dir>/enco
 
 from __future__ import annotations
 
+import hashlib
+import io
 import logging
 import shutil
+import struct
+import zipfile
+import zlib
 from pathlib import Path
 
 import torch
@@ -241,11 +246,6 @@ def _pin_serialization_id(path: Path) -> None:
     updated where the zip records it (local header or data descriptor, and the central directory),
     keeping the archive valid and its layout unchanged.
     """
-    import hashlib
-    import io
-    import struct
-    import zipfile
-    import zlib
 
     raw = bytearray(path.read_bytes())
     with zipfile.ZipFile(io.BytesIO(raw)) as zf:

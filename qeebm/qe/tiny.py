@@ -29,6 +29,8 @@ import numpy as np
 import torch
 
 from qeebm.qe.models import ENCODER_SUBDIR, save_qe
+from qeebm.qe.scoring import QEScorer
+from qeebm.qe.train import torch_threads, train_qe
 
 log = logging.getLogger(__name__)
 
@@ -178,7 +180,6 @@ def fit_tiny_qe(name: str, out_dir, tokenizer_dir, train_triples, seed: int = 0,
     ref) and save it in comet's format in ``out_dir``. ``fit`` overrides FIT and the model's own
     settings (train_qe keywords, plus num_threads). Returns its path, kind, seed, shape, number of
     training rows and seconds."""
-    from qeebm.qe.train import torch_threads, train_qe
 
     spec = dict(spec or TINY_QES[name])
     settings = {**FIT, **spec.get("train", {}), **(fit or {})}
@@ -202,7 +203,6 @@ def heldout_correlation(model_dir, heldout_triples) -> dict:
     """Pearson / Spearman of the saved QE's scores (through the files later runs load) with the
     true quality of held-out (src, mt, ref, quality) rows; the reference is used by COMET only."""
     from qeebm.qe.models import load_qe, qe_kind
-    from qeebm.qe.scoring import QEScorer
 
     model = load_qe(str(model_dir))
     src, mt, ref, q = _unpack(heldout_triples)

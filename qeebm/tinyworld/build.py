@@ -40,12 +40,26 @@ import json
 import logging
 import random
 import shutil
+import tempfile
 import time
 from pathlib import Path
 
 import torch
 
+from qeebm.config import CorpusConfig, ModelConfig
+from qeebm.data.corpus import read_corpus, write_lines, write_tsv
 from qeebm.errors import QeebmError
+from qeebm.qe.heldout import write_judged
+from qeebm.qe.scoring import QEScorer
+from qeebm.tinyworld.judged import Judged, degenerate_probes, heldout_samples, judged_rows, report, system_outputs
+from qeebm.tinyworld.language import Pair, build_splits, narrow_pairs
+from qeebm.tinyworld.models import build_tiny_translator
+from qeebm.tinyworld.tokenizers import (
+    build_mbart50_tokenizer,
+    build_nllb_tokenizer,
+    build_xlmr_tokenizer,
+    train_sentencepiece,
+)
 from qeebm.tinyworld.toprange import add_top_range
 from qeebm.tinyworld.world import (
     BASE_PREFIXES,
@@ -60,6 +74,10 @@ from qeebm.tinyworld.world import (
     translator_config,
     write_manifest,
 )
+from qeebm.training.checkpoint import load_model, step_dir
+from qeebm.training.loop import train
+from qeebm.translation.decoding import translate_corpus
+from qeebm.translation.translator import Translator
 from qeebm.utils import resources
 from qeebm.utils.langcodes import FAMILIES
 
@@ -141,8 +159,6 @@ def write_data(out: Path, seed: int, spec: WorldSize) -> dict:
     source, train_all.tsv = every training pair, the "all pairs labelled" ceiling), dev, test, the
     bases' corpus (pretrain.tsv, pretrain_dev.tsv) and the judged sentences (qe.tsv, judge.tsv,
     qe_heldout.tsv). Returns the splits as lists of pairs."""
-    from qeebm.data.corpus import write_lines, write_tsv
-    from qeebm.tinyworld.language import build_splits, narrow_pairs
 
     splits = build_splits(seed, dict(spec.splits))
     taken = {p.src for pairs in splits.values() for p in pairs}
@@ -162,12 +178,6 @@ def write_data(out: Path, seed: int, spec: WorldSize) -> dict:
 
 
 def write_tokenizers(out: Path, splits: dict, seed: int, spec: WorldSize) -> None:
-    from qeebm.tinyworld.tokenizers import (
-        build_mbart50_tokenizer,
-        build_nllb_tokenizer,
-        build_xlmr_tokenizer,
-        train_sentencepiece,
-    )
 
     # Both languages, as the real multilingual vocabularies cover both sides.
     texts = [t for name in ("pretrain", "train", "qe") for p in splits[name] for t in (p.src, p.tgt)]
@@ -210,12 +220,7 @@ def _family_worker(world: str, family: str, seed: int, spec: WorldSize, judged: 
 def train_base(world: Path, family: str, seed: int, spec: WorldSize) -> dict:
     """Random init -> the pretraining corpus -> ``DIR/<family>-base`` (the best checkpoint by chrF++
     on the corpus's own dev set, never the task's). Returns its test BLEU / chrF++ on the task."""
-    from qeebm.data.corpus import read_corpus
     from qeebm.metrics.sacrebleu import corpus_metrics
-    from qeebm.tinyworld.models import build_tiny_translator
-    from qeebm.training.loop import train
-    from qeebm.translation.decoding import translate_corpus
-    from qeebm.translation.translator import Translator
 
     tok_dir = world / "tokenizers" / ("nllb" if family == "nllb" else "mbart50")
     init_dir = world / "runs" / f"{family}-init"
@@ -238,11 +243,6 @@ def judged_systems(world: Path, family: str, seed: int, spec: WorldSize) -> dict
     """name -> Translator: the base at a quarter and half of its training and at its best, and the
     base fine-tuned on the first ``judged_sft_pairs`` pairs of the QE split at half and all of its
     steps (those pairs are then not judged: ``judged_outputs``)."""
-    from qeebm.config import ModelConfig
-    from qeebm.data.corpus import write_tsv
-    from qeebm.training.checkpoint import load_model, step_dir
-    from qeebm.training.loop import train
-    from qeebm.translation.translator import Translator
 
     init = world / "runs" / f"{family}-init"
     systems = {}
@@ -252,8 +252,6 @@ def judged_systems(world: Path, family: str, seed: int, spec: WorldSize) -> dict
         systems[f"{family}-base@{quarter}q"] = tr
     systems[f"{family}-base"] = Translator.load(ModelConfig(name_or_path=str(world / f"{family}-base")))
     # The base fine-tuned like the methods' SFT runs, on pairs the task never sees.
-    from qeebm.config import CorpusConfig
-    from qeebm.data.corpus import read_corpus
 
     qe = read_corpus(CorpusConfig(path=str(world / "data" / "qe.tsv")), "qe", need_target=True)
     n = spec.judged_sft_pairs
@@ -277,10 +275,6 @@ def judged_outputs(world: Path, family: str, seed: int, spec: WorldSize) -> dict
     """This family's systems' translations of the judged sentences (``qe`` past the pairs the
     fine-tuned system learnt from, ``judge``) and their held-out samples (``qe_heldout``: the base
     and the fine-tuned system, K samples and the greedy output each)."""
-    from qeebm.config import CorpusConfig
-    from qeebm.data.corpus import read_corpus
-    from qeebm.tinyworld.judged import heldout_samples, system_outputs
-    from qeebm.tinyworld.language import Pair
 
     systems = judged_systems(world, family, seed, spec)
     read = lambda name: read_corpus(CorpusConfig(path=str(world / "data" / f"{name}.tsv")), name, need_target=True)  # noqa: E731
@@ -305,7 +299,6 @@ def judged_data(world: Path, splits: dict, workers: dict, seed: int, spec: World
     """The judged rows each QE learns from ("qe": kiwi and comet, "judge"), the held-out rows they
     are measured on (every kind of output), the translators' held-out samples and the degenerate
     probes (``judged.report``)."""
-    from qeebm.tinyworld.judged import Judged, degenerate_probes, judged_rows
 
     rows = {}
     for name in ("qe", "judge"):
@@ -325,7 +318,6 @@ def judged_data(world: Path, splits: dict, workers: dict, seed: int, spec: World
 
 def train_quality_estimators(world: Path, splits: dict, workers: dict, seed: int, spec: WorldSize) -> dict:
     """The three QEs in two processes (kiwi; comet then judge), then their report."""
-    from qeebm.qe.heldout import write_judged
 
     rows, heldout, samples, probes = judged_data(world, splits, workers, seed, spec)
     log.info("judged data: %s rows; %d held-out rows, %d held-out samples",
@@ -354,8 +346,6 @@ def qe_report(qe_dir: Path, fitted: dict, heldout, samples, probes) -> dict:
     """Each QE's ``judged.report`` on the held-out sentences (COMET with the reference), written to
     ``qe/qe_report.json`` without timings, so the same seed writes the same file."""
     from qeebm.qe.models import load_qe, qe_kind
-    from qeebm.qe.scoring import QEScorer
-    from qeebm.tinyworld.judged import report
 
     out = {}
     for name, record in fitted.items():
@@ -461,7 +451,6 @@ def copy_shipped_bases(shipped: Path, world: Path) -> dict:
 def ship_qe(out: str | Path = SHIPPED_QE, seed: int = 0, size: str = "default", work: str | Path | None = None) -> Path:
     """``qeebm tinyworld build-qe``: build a world with its QEs trained (``qe="build"``; in ``work``,
     else a temporary directory) and ``export_qe`` them to ``out``."""
-    import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
         world = build(Path(work) if work else Path(tmp) / "world", seed=seed, size=size, force=True, qe="build")

@@ -31,7 +31,10 @@ import numpy as np
 import sacrebleu
 import torch
 
+from qeebm.analysis.qe_check import within_source as mean_within
 from qeebm.config import GenerationConfig
+from qeebm.qe.tiny import pearson, spearman
+from qeebm.tinyworld.language import CORRUPTIONS, DEGENERATIONS, corrupt, degenerate
 
 _CHRF1 = sacrebleu.metrics.CHRF(word_order=2, beta=1)
 
@@ -108,7 +111,6 @@ def judged_rows(pairs, outputs: list[list[tuple[str, str]]], seed: int, corrupti
     ``corruptions`` corrupted references, ``degenerates`` degenerate versions of the reference or of an
     output, and the reference for a ``reference_share`` of the sources. A text that occurs twice for
     one source is one row."""
-    from qeebm.tinyworld.language import CORRUPTIONS, DEGENERATIONS, corrupt, degenerate
 
     rng = random.Random(seed)
     rows: list[Judged] = []
@@ -153,7 +155,6 @@ def heldout_samples(systems: dict, pairs, k: int, seed: int) -> list[Judged]:
 def degenerate_probes(pairs, seed: int) -> dict[str, list[Judged]]:
     """For each degeneration, the held-out references made degenerate that way, to compare a QE's
     score of each against its score of the reference itself."""
-    from qeebm.tinyworld.language import DEGENERATIONS, degenerate
 
     rng = random.Random(seed)
     out = {}
@@ -167,7 +168,6 @@ def within_source(scores, quality_, groups) -> float:
     """Mean over groups (one source's samples of one system) of the Pearson correlation between a
     QE's scores and the true quality; groups with no spread on either side are left out (the same
     rule as ``qeebm qe-check``'s)."""
-    from qeebm.analysis.qe_check import within_source as mean_within
 
     return mean_within(scores, quality_, groups)
 
@@ -177,7 +177,6 @@ def report(scorer, heldout: list[Judged], samples: list[Judged], probes: dict[st
     held-out judged row (``heldout``) and over the translators' own outputs (``samples``), the mean
     within-source Pearson over the K samples of each source and system, and for each degeneration
     the share of sources whose reference it scores above the degenerate version."""
-    from qeebm.qe.tiny import pearson, spearman
 
     def scores(rows):
         return scorer.score([r.src for r in rows], [r.mt for r in rows])

@@ -34,6 +34,7 @@ will use it (``top_range_report``).
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 import time
@@ -42,6 +43,21 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from qeebm.config import CorpusConfig, ModelConfig, load_config
+from qeebm.data.corpus import read_corpus, write_lines, write_tsv
+from qeebm.qe.heldout import write_judged
+from qeebm.qe.scoring import QEScorer
+from qeebm.qe.tiny import FIT, pearson, spearman
+from qeebm.qe.train import torch_threads, train_qe
+from qeebm.tinyworld.judged import (
+    Judged,
+    degenerate_probes,
+    heldout_samples,
+    judged_rows,
+    system_outputs,
+    within_source,
+)
+from qeebm.tinyworld.language import Pair
 from qeebm.tinyworld.world import (
     SIZES,
     WithReferences,
@@ -51,6 +67,9 @@ from qeebm.tinyworld.world import (
     translator_config,
     write_manifest,
 )
+from qeebm.training.checkpoint import load_model, step_dir
+from qeebm.training.loop import train
+from qeebm.translation.translator import Translator
 from qeebm.utils import resources
 from qeebm.utils.langcodes import FAMILIES
 
@@ -65,11 +84,6 @@ JUDGE = dict(kind="comet", hidden=48, layers=2, heads=4, ffn=96, seed_offset=791
 
 def top_range_systems(world: Path, family: str, seed: int, spec, kiwi: Path) -> dict:
     """name -> Translator: the plateau run's checkpoints and the QE-trained systems from its end."""
-    from qeebm.config import CorpusConfig, ModelConfig, load_config
-    from qeebm.data.corpus import read_corpus, write_lines, write_tsv
-    from qeebm.training.checkpoint import load_model, step_dir
-    from qeebm.training.loop import train
-    from qeebm.translation.translator import Translator
 
     top = spec.top_range
     runs = world / "runs"
@@ -118,10 +132,6 @@ def top_range_systems(world: Path, family: str, seed: int, spec, kiwi: Path) -> 
 def top_range_outputs(world: str, family: str, seed: int, spec, kiwi: str) -> dict:
     """A worker's share (one family): its top-range systems' translations of the judged sentences and
     their held-out samples (``build.judged_outputs``' layout)."""
-    from qeebm.config import CorpusConfig
-    from qeebm.data.corpus import read_corpus
-    from qeebm.tinyworld.judged import heldout_samples, system_outputs
-    from qeebm.tinyworld.language import Pair
 
     torch.set_num_threads(1)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s top/{family} %(name)s %(levelname)s %(message)s",
@@ -150,11 +160,6 @@ def train_top_range_qes(world: Path, seed: int, spec) -> dict:
     (a process each), judged; ``kiwi`` trained further from the first one on them and ``judge``
     trained on its shard's (two processes). Returns the fitted records, the judged row counts and the
     held-out samples."""
-    from qeebm.config import CorpusConfig
-    from qeebm.data.corpus import read_corpus
-    from qeebm.qe.heldout import write_judged
-    from qeebm.tinyworld.judged import Judged, judged_rows
-    from qeebm.tinyworld.language import Pair
 
     top = spec.top_range
     qe_dir = world / "qe"
@@ -187,8 +192,6 @@ def train_top_range_qes(world: Path, seed: int, spec) -> dict:
 def _continue_worker(first: str, out: str, rows: list, seed: int, fit: dict) -> dict:
     """The QE at ``first`` trained further on ``rows`` and saved to ``out`` (comet's format)."""
     from qeebm.qe.models import load_qe, save_qe
-    from qeebm.qe.tiny import FIT
-    from qeebm.qe.train import torch_threads, train_qe
 
     torch.set_num_threads(1)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s qe %(name)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
@@ -211,8 +214,6 @@ def top_range_report(scorer, samples, top_fraction_of: str) -> dict:
     (``top_fraction_of``: its name prefix) outputs."""
     import sacrebleu
 
-    from qeebm.qe.tiny import pearson
-    from qeebm.tinyworld.judged import within_source
 
     chrf = sacrebleu.metrics.CHRF(word_order=2)
     c = np.array([chrf.sentence_score(r.mt, [r.ref]).score for r in samples])
@@ -259,7 +260,6 @@ def add_top_range(world: str | Path, seed: int = 0, size: str = "default", manif
     the first QEs): the first ``kiwi`` and ``judge`` move to ``FIRST``'s names, the new ones take
     theirs, ``qe/qe_report.json`` gains them and every QE's top-range measurement, and the manifest
     is written again (``manifest``: a build writes it itself, once everything is in place)."""
-    import json
 
 
     world = Path(world)
@@ -295,13 +295,7 @@ def measure_qes(world: Path, names: list[str], samples: list, plateau: str, seed
     """Every QE on the same rows: Pearson with the true quality on the held-out judged rows of every
     kind (``qe/heldout.tsv``), how often it prefers the held-out reference over each degenerate
     version of it, and ``top_range_report`` on the converged systems' held-out samples."""
-    from qeebm.config import CorpusConfig
-    from qeebm.data.corpus import read_corpus
     from qeebm.qe.models import load_qe, qe_kind
-    from qeebm.qe.scoring import QEScorer
-    from qeebm.qe.tiny import pearson, spearman
-    from qeebm.tinyworld.judged import Judged, degenerate_probes
-    from qeebm.tinyworld.language import Pair
 
     held = read_corpus(CorpusConfig(path=str(world / "data" / "qe_heldout.tsv")), "qe_heldout", need_target=True)
     probes = degenerate_probes([Pair(s, t) for s, t in zip(held.src, held.tgt)], seed + 3)
@@ -325,7 +319,6 @@ def measure_qes(world: Path, names: list[str], samples: list, plateau: str, seed
 
 
 def _read_heldout(path: Path) -> list:
-    from qeebm.tinyworld.judged import Judged
 
     lines = path.read_text(encoding="utf-8").splitlines()
     header = lines[0].split("\t")

@@ -7,13 +7,16 @@ import hashlib
 import json
 import logging
 import multiprocessing
+import subprocess
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from qeebm import __version__
 from qeebm.config import data_path_overrides, load_config
+from qeebm.qe.tiny import TINY_QES, fit_tiny_qe
 from qeebm.utils import resources
 from qeebm.utils.langcodes import FAMILIES
 
@@ -209,7 +212,6 @@ def translator_config(world: Path, seed: int, spec: WorldSize, init_dir: Path, r
 def fit_qe_worker(qe_dir: str, tok: str, jobs: list, seed: int, fit: dict, specs: dict | None = None) -> dict:
     """Each (name, rows) job's tiny QE trained into ``qe_dir/name``: its spec from ``specs``, else
     TINY_QES (a weaker kiwi: the kiwi's)."""
-    from qeebm.qe.tiny import TINY_QES, fit_tiny_qe
 
     torch.set_num_threads(1)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s qe %(name)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
@@ -231,9 +233,7 @@ class WithReferences:
 def code_version() -> str:
     """The commit of this checkout, when there is one (the QEs' weights depend on the sampler's code);
     an installed package has none."""
-    import subprocess
 
-    from qeebm import __version__
 
     if not (resources.PACKAGE.parent / ".git").exists():
         return f"qeebm {__version__}"

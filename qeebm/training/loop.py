@@ -27,6 +27,7 @@ from qeebm.data.corpus import corpus_format, filter_corpus, read_corpus
 from qeebm.data.step_sampler import StepSampler
 from qeebm.errors import QeebmError
 from qeebm.methods import METHODS, Batch
+from qeebm.methods.common import reads_reference
 from qeebm.methods.diagnostics import term_gradient_stats
 from qeebm.metrics.sacrebleu import bleu_tokenizer, corpus_metrics
 from qeebm.training import checkpoint as ckpt
@@ -518,7 +519,6 @@ def mean_qe_score(scorer, src: list[str], hyps: list[str], accelerator=None, ref
     """Mean QE score of (src, hyp) pairs; each process scores its shard of a corpus every process
     holds whole, and the sums are added up. ``refs`` go to a scorer that reads them (a
     reference-based COMET), never to a reference-free one."""
-    from qeebm.methods.common import reads_reference
 
     idx = shard(list(range(len(src))), accelerator)
     device = accelerator.device if accelerator is not None else torch.device("cpu")

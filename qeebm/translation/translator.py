@@ -21,6 +21,7 @@ import torch
 
 from qeebm.config import BottleneckConfig, GenerationConfig, LoraConfig, ModelConfig
 from qeebm.errors import QeebmError, first_line
+from qeebm.utils import hub
 from qeebm.utils.integrity import check_model_dir, seal_model_dir
 from qeebm.utils.langcodes import to_model_code
 
@@ -61,7 +62,6 @@ def _local_dir(name: str) -> Path | None:
 
 
 def _hub_error(name: str, err: Exception) -> QeebmError:
-    from qeebm.utils import hub
 
     if hub.hub_cause(err) is not None:
         # The hub answered (a gated or missing repository) or the way there failed: say which.
@@ -107,7 +107,6 @@ def weight_files(name: str) -> tuple[Path, list[str]]:
     """Where model ``name``'s weights are read from (a hub id: its snapshot in the local Hugging Face
     cache) and the weight files there that transformers loads: its safetensors files when there are
     any (it prefers them), else its PyTorch ones."""
-    from qeebm.utils import hub
 
     root = _local_dir(name) or hub.cached(name)
     if root is None:
