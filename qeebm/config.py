@@ -37,12 +37,12 @@ SYSTEMS = ("sft", "reinforce", "ppo", "qe-ebm-static", "qe-ebm-dynamic", "qe-fin
 EXTRA_SYSTEMS = ("dpo", "cpo", "grpo")
 # QE-EBM with the estimator that passes the positive control (the softmax relaxation) against the
 # tiny Kiwi, beside straight-through's realistic row; a tiny recipe only.
-KIWI_ESTIMATOR_SYSTEMS = ("qe-ebm-softmax",)
+KIWI_ESTIMATOR_SYSTEMS = ("qe-ebm-softmax", "qe-ebm-reinmax", "qe-ebm-loo-cv")
 # The tiny world's positive control: systems trained against an energy or reward that knows the answer
 # (the world's true reference of every pool sentence); tiny recipes only (qeebm/experiments/demo.py, TARGETS).
 # QE-EBM's gradient estimators other than straight-through are positive-control rows of their own.
 ESTIMATOR_SYSTEMS = ("qe-ebm-softmax-oracle", "qe-ebm-reinmax-oracle", "qe-ebm-loo-cv-oracle")
-ORACLE_SYSTEMS = ("qe-ebm-oracle", "reinforce-oracle", "reinforce-chrf", "dpo-oracle", *ESTIMATOR_SYSTEMS)
+ORACLE_SYSTEMS = ("qe-ebm-oracle", "reinforce-oracle", "reinforce-chrf", "dpo-oracle", "grpo-oracle", *ESTIMATOR_SYSTEMS)
 # The published seeds; every `--seeds N` takes the first N (the tiny world's single-seed tables use 42).
 SEEDS = (42, 231, 6)
 # The file of each split inside a data directory (the tiny world's ``data/``, a prepared corpus).

@@ -63,13 +63,20 @@ KNOBS = {
     # CPO's margins are raw sequence log-prob differences (tens of nats): its loss saturates sooner.
     "cpo": ("preference.beta", (0.03, 0.1, 0.3), "beta"),
 }
-# The positive control gets its method's grid.
-KNOBS |= {"qe-ebm-oracle": KNOBS["qe-ebm-static"], "reinforce-oracle": KNOBS["reinforce"],
-          "reinforce-chrf": KNOBS["reinforce"], "dpo-oracle": KNOBS["dpo"],
-          "qe-ebm-softmax": KNOBS["qe-ebm-static"], "qe-ebm-softmax-oracle": KNOBS["qe-ebm-static"], "qe-ebm-reinmax-oracle": KNOBS["qe-ebm-static"],
-          # A score-function gradient's norm at K = 5 is mostly noise, so the same rho puts less signal
-          # into the update than a relaxation's nearly noise-free gradient: its grid sits one step higher.
-          "qe-ebm-loo-cv-oracle": ("qe_ebm.rho", (0.3, 1.0, 3.0), "rho")}
+# A score-function gradient's norm at K = 5 is mostly noise, so the same rho puts less signal into
+# the update than a relaxation's nearly noise-free gradient: loo-cv's grid sits one step higher.
+KNOBS["qe-ebm-loo-cv"] = ("qe_ebm.rho", (0.3, 1.0, 3.0), "rho")
+
+
+def grid_of(system: str) -> tuple[str, tuple, str]:
+    """A system's grid: its own, else its method's. The positive control (``*-oracle``, ``*-chrf``)
+    gets the grid of the system it controls, and QE-EBM with another estimator straight-through's."""
+    for name in (system, system.removesuffix("-oracle").removesuffix("-chrf")):
+        if name in KNOBS:
+            return KNOBS[name]
+    if system.startswith("qe-ebm"):
+        return KNOBS["qe-ebm-static"]
+    raise KeyError(f"{system}: no tuning grid in scripts/sweep.py's KNOBS")
 
 
 # PPO makes epochs x minibatches optimiser updates per step (2 x 4 in the demo) where every other
@@ -83,7 +90,7 @@ def grid(name: str, sft_lr: float, lr_factors=(0.5, 1.0)) -> list[tuple[str, lis
     """The (label, overrides) settings of ``name``, given SFT's chosen learning rate."""
     if name == "sft":
         return [(f"lr {lr:g}", [f"optim.lr={lr:g}"]) for lr in SFT_LRS]
-    knob, values, label = KNOBS[name]
+    knob, values, label = grid_of(name)
     lrs = [sft_lr * f for f in lr_factors]
     if name == "ppo":
         lrs += [lr / PPO_UPDATES_PER_STEP for lr in lrs]

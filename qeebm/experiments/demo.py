@@ -11,7 +11,7 @@ every method is compared at the same continuation budget from that common point:
    dev by ``scripts/sweep.py`` (``recipes/configs/tiny_<system>.yaml``): SFT continued (the
    control); the realistic rows, trained against the tiny CometKiwi (QE-EBM static and dynamic,
    REINFORCE, PPO, QE finetuning, and DPO, CPO and GRPO when present); and the positive control, trained
-   against an energy or reward that knows the answer (``TARGETS``: QE-EBM static and REINFORCE with
+   against an energy or reward that knows the answer (``target``: QE-EBM static and REINFORCE with
    the tiny reference-based COMET reading each pool sentence's true reference, REINFORCE with
    sentence chrF++ against it). Two runs go at a time, each in its own process on one thread: the
    machine this was built for has two cores.
@@ -31,6 +31,7 @@ import hashlib
 import json
 import logging
 import multiprocessing
+import shutil
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -39,37 +40,51 @@ import torch
 import yaml
 
 from qeebm.config import (
-    ESTIMATOR_SYSTEMS,
     EXTRA_SYSTEMS,
     KIWI_ESTIMATOR_SYSTEMS,
     ORACLE_SYSTEMS,
     SEEDS,
     SYSTEMS,
     data_path_overrides,
+    load_config,
 )
+from qeebm.errors import QeebmError
+from qeebm.evaluation.compare import run as compare
+from qeebm.evaluation.evaluate import MetricSpec, evaluate_run
 from qeebm.tinyworld.build import build
 from qeebm.tinyworld.world import is_built
+from qeebm.translation.qad import Selection
 from qeebm.utils import resources
-from qeebm.utils.runlog import validations
+from qeebm.utils.integrity import sha256_file
+from qeebm.utils.runlog import best_validation, validations
 
 log = logging.getLogger("qeebm.experiments.demo")
 
 CONFIGS = resources.CONFIGS
 
 # What each system trains against, relative to the world: (qe.path, data.mono). The realistic rows
-# train against the tiny CometKiwi and sample the plain pool; the positive control reads each pool
-# sentence's true reference, with the tiny reference-based COMET or sentence chrF++ ("chrf").
+# train against the tiny CometKiwi and sample the plain pool; the positive control (``ORACLE_SYSTEMS``)
+# reads each pool sentence's true reference, with sentence chrF++ for a system named ``*-chrf`` and
+# the tiny reference-based COMET for every other.
 KIWI = ("qe/kiwi", "data/mono.txt")
-TARGETS = {"qe-ebm-oracle": ("qe/comet", "data/mono_ref.tsv"), "reinforce-oracle": ("qe/comet", "data/mono_ref.tsv"),
-           "reinforce-chrf": ("chrf", "data/mono_ref.tsv"), "dpo-oracle": ("qe/comet", "data/mono_ref.tsv"),
-           **{name: ("qe/comet", "data/mono_ref.tsv") for name in ESTIMATOR_SYSTEMS}}
+ORACLE = ("qe/comet", "data/mono_ref.tsv")
+CHRF = ("chrf", "data/mono_ref.tsv")
+
+
+def target(name: str) -> tuple[str, str]:
+    """The (qe.path, data.mono) a system trains against (``KIWI``, ``ORACLE`` or ``CHRF``)."""
+    if name not in ORACLE_SYSTEMS:
+        return KIWI
+    return CHRF if name.endswith("-chrf") else ORACLE
+
 
 # Each system's training time in the demo (seconds on the project's 2-core CPU), to start the
 # longest first; only their order matters.
 EXPECTED_SECONDS = {"qe-ebm-dynamic": 600, "reinforce": 420, "reinforce-oracle": 420, "reinforce-chrf": 380,
                     "qe-ebm-static": 340, "qe-ebm-oracle": 340, "qe-ebm-loo-cv-oracle": 360, "qe-ebm-reinmax-oracle": 340,
                     "qe-ebm-softmax-oracle": 340, "qe-finetune": 330, "dpo": 300, "dpo-oracle": 300, "cpo": 300,
-                    "ppo": 300, "grpo": 420, "sft": 40}
+                    "ppo": 300, "grpo": 420, "grpo-oracle": 420,
+                    "qe-ebm-softmax": 340, "qe-ebm-reinmax": 340, "qe-ebm-loo-cv": 360, "sft": 40}
 
 
 def tiny_recipe(system: str) -> str:
@@ -114,7 +129,7 @@ def protocol_overrides(world: Path, run_dir: Path, b: dict, seed: int, start: Pa
     validation (the tiny Kiwi and chrF++ on every run, whatever it trains against) and the selection
     (dev Kiwi as published, with the chrF++ choice kept beside it); and what it trains against."""
     steps = b["steps"]
-    qe, mono = TARGETS.get(name, KIWI)
+    qe, mono = target(name)
     return [
         f"seed={seed}",
         f"model.name_or_path={start}",
@@ -156,7 +171,6 @@ def train_worker(name: str, recipe: str, overrides: list[str]) -> tuple[str, flo
     # force: a worker process trains several runs in turn, each logging under its own name.
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {name} %(name)s %(levelname)s %(message)s",
                         datefmt="%H:%M:%S", force=True)
-    from qeebm.config import load_config
     from qeebm.training.loop import train
 
     start = time.perf_counter()
@@ -167,7 +181,6 @@ def train_worker(name: str, recipe: str, overrides: list[str]) -> tuple[str, flo
 def _evaluate_worker(jobs: list[tuple], world: str) -> list[tuple[str, float]]:
     """Evaluate (run_dir, system, checkpoint, split, selection) jobs; returns (report path, seconds)."""
     torch.set_num_threads(1)
-    from qeebm.evaluation.evaluate import MetricSpec, evaluate_run
 
     spec = MetricSpec.tinyworld(Path(world))
     out = []
@@ -180,7 +193,6 @@ def _evaluate_worker(jobs: list[tuple], world: str) -> list[tuple[str, float]]:
 
 
 def selection_of(rule: str | None, spec):
-    from qeebm.translation.qad import Selection
 
     if rule is None:
         return None
@@ -262,7 +274,6 @@ PLATEAU_INPUTS = ("data/train.tsv", "data/dev.tsv")
 
 
 def plateau_inputs(world: Path, base: str) -> dict[str, str]:
-    from qeebm.utils.integrity import sha256_file
 
     files = sorted((world / f"{base}-base").iterdir()) + [world / f for f in PLATEAU_INPUTS]
     # The recipe's settings, not its bytes: a comment edited leaves the plateau what it was.
@@ -275,9 +286,7 @@ def plateau_inputs(world: Path, base: str) -> dict[str, str]:
 def export_plateau(run_dir: Path, world: Path, seed: int, base: str = "nllb", out: Path = SHIPPED_PLATEAU) -> Path:
     """Keep a plateau run's ``best/`` model, its curve (``metrics.jsonl``) and settings (``config.yaml``)
     in ``out``, with the digests of its inputs and of every file (``source.json``)."""
-    import shutil
 
-    from qeebm.utils.integrity import sha256_file
 
     staging = out.with_name(out.name + ".tmp")
     shutil.rmtree(staging, ignore_errors=True)
@@ -298,8 +307,6 @@ def export_plateau(run_dir: Path, world: Path, seed: int, base: str = "nllb", ou
 def shipped_plateau(world: Path, seed: int, base: str, shipped: Path | None = None) -> Path | None:
     """``shipped`` (default ``SHIPPED_PLATEAU``) when it is the plateau this world, seed and base would
     train, else None; its files differing from their recorded digests is a one-line error."""
-    from qeebm.errors import QeebmError
-    from qeebm.utils.integrity import sha256_file
 
     shipped = Path(shipped or SHIPPED_PLATEAU)
     source = shipped / "source.json"
@@ -326,7 +333,6 @@ def plateau_start(run_dir: Path) -> Path:
 
 def plateau_summary(plateaus: dict) -> str:
     """The plateaus' best dev chrF++ and its step, for the table's heading."""
-    from qeebm.utils.runlog import best_validation
 
     return ", ".join(f"{value:.1f} at step {step}" for value, step in
                      (best_validation(d, "val/chrf") for d in plateaus.values()))
@@ -351,7 +357,6 @@ def run_jobs(jobs: list[tuple[str, str, list[str]]]) -> dict:
 def train_plateaus(plateaus: dict, world: Path, b: dict, base: str = "nllb", train: bool = False) -> dict:
     """SFT's plateau for every ``seed -> run_dir`` (``recipes/configs/tiny_plateau.yaml``), or the
     shipped one where it is that plateau (``shipped_plateau``; not with ``train``)."""
-    import shutil
 
     t = time.perf_counter()
     jobs = []
@@ -388,7 +393,6 @@ def evaluate_and_compare(run_dirs: dict, world: Path, runs: Path, plateaus: dict
     """Evaluate the plateaus and every continued run on the test set, twice: the checkpoint selected
     on dev Kiwi (as published) and the one selected on dev chrF++; then quality-aware decoding of the
     best system (by dev chrF++). Prints and returns both comparison tables, against SFT continued."""
-    from qeebm.evaluation.compare import run as compare
 
     timings = {}
     t = time.perf_counter()

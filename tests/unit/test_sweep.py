@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from qeebm.experiments.demo import default_systems
+
 spec = importlib.util.spec_from_file_location("sweep", Path(__file__).resolve().parents[2] / "scripts" / "sweep.py")
 sweep = importlib.util.module_from_spec(spec)
 sys.modules["sweep"] = sweep
@@ -16,9 +18,9 @@ def test_sft_tries_its_learning_rates_and_nothing_else():
     assert sweep.grid("sft", 0.0) == [(f"lr {lr:g}", [f"optim.lr={lr:g}"]) for lr in sweep.SFT_LRS]
 
 
-@pytest.mark.parametrize("name", [n for n in sweep.KNOBS if n != "ppo"])
+@pytest.mark.parametrize("name", [n for n in default_systems() if n not in ("sft", "ppo")])
 def test_every_other_method_gets_the_same_budget_at_sfts_learning_rates(name):
-    knob, values, _ = sweep.KNOBS[name]
+    knob, values, _ = sweep.grid_of(name)
     # The default: SFT's learning rate, each of three knob values once; PPO's four trials are its two
     # knob values at two learning rates.
     settings = sweep.grid(name, 8e-3, (1.0,))
@@ -41,24 +43,22 @@ def test_ppo_also_gets_those_rates_per_optimiser_update():
     assert lrs == ["optim.lr=0.008"] * 2 + ["optim.lr=0.001"] * 2
 
 
-def test_every_system_but_sft_has_a_knob():
-    from qeebm.experiments.demo import default_systems
-
-    assert set(default_systems()) - {"sft"} <= set(sweep.KNOBS)
-
-
 def test_the_positive_control_gets_its_methods_grid():
-    assert sweep.KNOBS["qe-ebm-oracle"] == sweep.KNOBS["qe-ebm-static"]
-    assert sweep.KNOBS["reinforce-oracle"] == sweep.KNOBS["reinforce-chrf"] == sweep.KNOBS["reinforce"]
-    assert sweep.KNOBS["dpo-oracle"] == sweep.KNOBS["dpo"]
+    assert sweep.grid_of("qe-ebm-oracle") == sweep.grid_of("qe-ebm-softmax-oracle") == sweep.KNOBS["qe-ebm-static"]
+    assert sweep.grid_of("reinforce-oracle") == sweep.grid_of("reinforce-chrf") == sweep.KNOBS["reinforce"]
+    assert sweep.grid_of("dpo-oracle") == sweep.KNOBS["dpo"]
+    assert sweep.grid_of("grpo-oracle") == sweep.KNOBS["grpo"]
+    assert sweep.grid_of("qe-ebm-loo-cv-oracle") == sweep.grid_of("qe-ebm-loo-cv") == ("qe_ebm.rho", (0.3, 1.0, 3.0), "rho")
+    with pytest.raises(KeyError, match="no tuning grid"):
+        sweep.grid_of("unheard-of")
 
 
-@pytest.mark.parametrize("name", [n for n in sweep.KNOBS])
+@pytest.mark.parametrize("name", [n for n in default_systems() if n != "sft"])
 def test_every_knob_is_a_key_of_its_methods_recipe(name):
     from qeebm.config import load_config
     from qeebm.experiments.demo import CONFIGS, tiny_recipe
 
-    knob, values, _ = sweep.KNOBS[name]
+    knob, values, _ = sweep.grid_of(name)
     cfg = load_config(CONFIGS / tiny_recipe(name), [f"{knob}={values[-1]:g}"])
     section, key = knob.split(".")
     assert getattr(getattr(cfg, section), key) == values[-1]
