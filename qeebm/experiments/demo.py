@@ -33,7 +33,7 @@ import logging
 import multiprocessing
 import shutil
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 
 import torch
@@ -166,11 +166,12 @@ def run_overrides(name: str, world: Path, run_dir: Path, b: dict, seed: int, sta
     return protocol_overrides(world, run_dir, b, seed, start, name) + extra
 
 
-def train_worker(name: str, recipe: str, overrides: list[str]) -> tuple[str, float]:
-    torch.set_num_threads(1)
-    # force: a worker process trains several runs in turn, each logging under its own name.
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {name} %(name)s %(levelname)s %(message)s",
-                        datefmt="%H:%M:%S", force=True)
+def train_worker(name: str, recipe: str, overrides: list[str], own_process: bool = True) -> tuple[str, float]:
+    if own_process:
+        torch.set_num_threads(1)
+        # force: a worker process trains several runs in turn, each logging under its own name.
+        logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {name} %(name)s %(levelname)s %(message)s",
+                            datefmt="%H:%M:%S", force=True)
     from qeebm.training.loop import train
 
     start = time.perf_counter()
@@ -178,9 +179,10 @@ def train_worker(name: str, recipe: str, overrides: list[str]) -> tuple[str, flo
     return name, time.perf_counter() - start
 
 
-def _evaluate_worker(jobs: list[tuple], world: str) -> list[tuple[str, float]]:
+def _evaluate_worker(jobs: list[tuple], world: str, own_process: bool = True) -> list[tuple[str, float]]:
     """Evaluate (run_dir, system, checkpoint, split, selection) jobs; returns (report path, seconds)."""
-    torch.set_num_threads(1)
+    if own_process:
+        torch.set_num_threads(1)
 
     spec = MetricSpec.tinyworld(Path(world))
     out = []
@@ -193,7 +195,6 @@ def _evaluate_worker(jobs: list[tuple], world: str) -> list[tuple[str, float]]:
 
 
 def selection_of(rule: str | None, spec):
-
     if rule is None:
         return None
     return Selection("rerank", spec.kiwi) if rule == "rerank" else Selection("mbr")
@@ -244,15 +245,16 @@ def run_demo(world_dir: str | None = None, runs_dir: str | None = None, quick: b
     b = budget(quick) | ({"steps": steps} if steps else {})
     names = systems or list(DEMO_SYSTEMS)
     plateaus = {seed: plateau_dir(runs, seed, seeds) for seed in SEEDS[:seeds]}
-    timings.update(train_plateaus(plateaus, world, b, base, train=train_plateau))
+    # The smoke run trains and evaluates in this process (``InProcess``).
+    timings.update(train_plateaus(plateaus, world, b, base, train=train_plateau, in_process=quick))
     starts = {seed: plateau_start(d) for seed, d in plateaus.items()}
     run_dirs = {(name, seed): runs / (name if seeds == 1 else f"{name}-seed{seed}")
                 for seed in SEEDS[:seeds] for name in names}
-    timings.update(train_runs(run_dirs, world, b, starts))
+    timings.update(train_runs(run_dirs, world, b, starts, in_process=quick))
     head = (f"Tiny world, test set (beam 5), {seeds} seed(s): every system continues from SFT's plateau (dev chrF++ "
             f"{plateau_summary(plateaus)}) for at most {b['steps']} steps of {b['batch_size']} labelled pairs "
             f"(+ {b['batch_size']} source-only sentences), validated every {b['every']} steps")
-    by_kiwi, by_chrf, eval_timings = evaluate_and_compare(run_dirs, world, runs, plateaus, head)
+    by_kiwi, by_chrf, eval_timings = evaluate_and_compare(run_dirs, world, runs, plateaus, head, in_process=quick)
     timings.update(eval_timings)
     timings["total"] = time.perf_counter() - start
     (runs / "timings.json").write_text(json.dumps(timings, indent=2) + "\n")
@@ -338,14 +340,40 @@ def plateau_summary(plateaus: dict) -> str:
                      (best_validation(d, "val/chrf") for d in plateaus.values()))
 
 
-def run_jobs(jobs: list[tuple[str, str, list[str]]]) -> dict:
+class InProcess:
+    """An executor that runs each job when it is submitted, in this process: the smoke run's jobs
+    take less time than starting worker processes, each of which imports torch, transformers and
+    comet before its first step."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def submit(self, fn, *args) -> Future:
+        future = Future()
+        try:
+            future.set_result(fn(*args, False))
+        except Exception as e:  # raised again by future.result(), as a pool does
+            future.set_exception(e)
+        return future
+
+
+def workers(in_process: bool = False):
+    """Two worker processes, one thread each (the machine this was built for has two cores), or
+    ``InProcess``."""
+    return InProcess() if in_process else ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("spawn"))
+
+
+def run_jobs(jobs: list[tuple[str, str, list[str]]], in_process: bool = False) -> dict:
     """Train ``(label, recipe, overrides)`` jobs two at a time, each in its own process on one thread
-    (the machine this was built for has two cores), in the order given; a finished run (its
-    ``final/`` exists) is skipped, so an interrupted demo or sweep resumes. Returns the wall times."""
+    (``workers``), in the order given; a finished run (its ``final/`` exists) is skipped, so an
+    interrupted demo or sweep resumes. Returns the wall times."""
     timings = {}
     todo = [(label, recipe, o) for label, recipe, o in jobs
             if not (Path(next(x.split("=", 1)[1] for x in o if x.startswith("output.run_dir="))) / "final").is_dir()]
-    with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("spawn")) as pool:
+    with workers(in_process) as pool:
         futures = [pool.submit(train_worker, label, recipe, overrides) for label, recipe, overrides in todo]
         for future in futures:
             label, seconds = future.result()
@@ -354,10 +382,10 @@ def run_jobs(jobs: list[tuple[str, str, list[str]]]) -> dict:
     return timings
 
 
-def train_plateaus(plateaus: dict, world: Path, b: dict, base: str = "nllb", train: bool = False) -> dict:
+def train_plateaus(plateaus: dict, world: Path, b: dict, base: str = "nllb", train: bool = False,
+                   in_process: bool = False) -> dict:
     """SFT's plateau for every ``seed -> run_dir`` (``recipes/configs/tiny_plateau.yaml``), or the
     shipped one where it is that plateau (``shipped_plateau``; not with ``train``)."""
-
     t = time.perf_counter()
     jobs = []
     for seed, d in plateaus.items():
@@ -370,11 +398,11 @@ def train_plateaus(plateaus: dict, world: Path, b: dict, base: str = "nllb", tra
             log.info("SFT's plateau for seed %d: the shipped one (%s); --train-plateau trains it", seed, shipped)
             continue
         jobs.append((f"plateau/{seed}", "tiny_plateau.yaml", plateau_overrides(world, d, b, seed, base)))
-    return run_jobs(jobs) | {"plateau": time.perf_counter() - t}
+    return run_jobs(jobs, in_process) | {"plateau": time.perf_counter() - t}
 
 
 def train_runs(run_dirs: dict, world: Path, b: dict, starts: dict, seed: int | None = None,
-               extra: dict | None = None) -> dict:
+               extra: dict | None = None, in_process: bool = False) -> dict:
     """Continue every ``(name, seed) -> run_dir`` from its seed's plateau (``starts``) under the
     protocol. A sweep keys its runs by ``(name, setting)`` instead, gives the one ``seed`` and, in
     ``extra``, each key's overrides. Returns the wall times."""
@@ -386,10 +414,11 @@ def train_runs(run_dirs: dict, world: Path, b: dict, starts: dict, seed: int | N
         run_seed = key if seed is None else seed
         jobs.append((f"{name}/{key}", tiny_recipe(name),
                      run_overrides(name, world, d, b, run_seed, starts[run_seed]) + list((extra or {}).get((name, key), []))))
-    return run_jobs(jobs) | {"training": time.perf_counter() - t}
+    return run_jobs(jobs, in_process) | {"training": time.perf_counter() - t}
 
 
-def evaluate_and_compare(run_dirs: dict, world: Path, runs: Path, plateaus: dict, head: str) -> tuple[str, str, dict]:
+def evaluate_and_compare(run_dirs: dict, world: Path, runs: Path, plateaus: dict, head: str,
+                         in_process: bool = False) -> tuple[str, str, dict]:
     """Evaluate the plateaus and every continued run on the test set, twice: the checkpoint selected
     on dev Kiwi (as published) and the one selected on dev chrF++; then quality-aware decoding of the
     best system (by dev chrF++). Prints and returns both comparison tables, against SFT continued."""
@@ -402,7 +431,7 @@ def evaluate_and_compare(run_dirs: dict, world: Path, runs: Path, plateaus: dict
     jobs += [(str(d), name, "best-chrf", "test-best-chrf", None) for (name, _), d in run_dirs.items()]
     jobs += [(str(d), f"{name}+{rule}", None, "test", rule) for rule in ("rerank", "mbr")
              for (name, _), d in run_dirs.items() if name == best]
-    with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("spawn")) as pool:
+    with workers(in_process) as pool:
         done = [pool.submit(_evaluate_worker, jobs[i::2], str(world)) for i in range(2)]
         reports = [r for future in done for r in future.result()]
     for path, seconds in reports:

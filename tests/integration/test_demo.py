@@ -48,7 +48,7 @@ def test_the_demo_copies_the_shipped_plateau_and_its_curve(micro_world, plateau,
     assert demo.plateau_summary({42: copied}) == demo.plateau_summary({42: run})
     # --train-plateau trains it instead; another budget never takes the shipped one.
     assert not demo.plateau_done(tmp_path / "again")
-    monkeypatch.setattr(demo, "run_jobs", lambda jobs: {f"train/{label}": 0.0 for label, _, _ in jobs})
+    monkeypatch.setattr(demo, "run_jobs", lambda jobs, in_process=False: {f"train/{label}": 0.0 for label, _, _ in jobs})
     assert "train/plateau/42" in demo.train_plateaus({42: tmp_path / "again"}, micro_world, demo.budget(False), train=True)
     assert "train/plateau/42" in demo.train_plateaus({42: tmp_path / "quick"}, micro_world, demo.budget(True))
 
