@@ -486,7 +486,6 @@ def _device(device: Optional[str]) -> torch.device:
 
 
 def _free(device: torch.device) -> None:
-
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()

@@ -136,7 +136,6 @@ class HeldoutProbe:
         return len(self.true)
 
     def measure(self, qe) -> dict[str, float]:
-
         with torch.random.fork_rng(devices=[]):
             scores = QEScorer(qe, batch_size=self.batch_size, cache=False).score(self.src, self.mt)
         return correlations(scores, self.true)

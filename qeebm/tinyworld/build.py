@@ -178,7 +178,6 @@ def write_data(out: Path, seed: int, spec: WorldSize) -> dict:
 
 
 def write_tokenizers(out: Path, splits: dict, seed: int, spec: WorldSize) -> None:
-
     # Both languages, as the real multilingual vocabularies cover both sides.
     texts = [t for name in ("pretrain", "train", "qe") for p in splits[name] for t in (p.src, p.tgt)]
     shared = train_sentencepiece(texts, out / "spm-shared.model", spec.shared_vocab, seed)

@@ -319,7 +319,6 @@ def measure_qes(world: Path, names: list[str], samples: list, plateau: str, seed
 
 
 def _read_heldout(path: Path) -> list:
-
     lines = path.read_text(encoding="utf-8").splitlines()
     header = lines[0].split("\t")
     at = {c: header.index(c) for c in ("src", "mt", "ref", "score")}

@@ -62,7 +62,6 @@ def _local_dir(name: str) -> Path | None:
 
 
 def _hub_error(name: str, err: Exception) -> QeebmError:
-
     if hub.hub_cause(err) is not None:
         # The hub answered (a gated or missing repository) or the way there failed: say which.
         return QeebmError(f"cannot load translator '{name}': {hub.reason(err, name)}")
