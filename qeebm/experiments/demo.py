@@ -33,7 +33,7 @@ import logging
 import multiprocessing
 import shutil
 import time
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import torch
@@ -52,7 +52,7 @@ from qeebm.errors import QeebmError
 from qeebm.evaluation.compare import run as compare
 from qeebm.evaluation.evaluate import MetricSpec, evaluate_run
 from qeebm.tinyworld.build import build
-from qeebm.tinyworld.world import is_built
+from qeebm.tinyworld.world import InlineExecutor, is_built
 from qeebm.translation.qad import Selection
 from qeebm.utils import resources
 from qeebm.utils.integrity import sha256_file
@@ -245,7 +245,7 @@ def run_demo(world_dir: str | None = None, runs_dir: str | None = None, quick: b
     b = budget(quick) | ({"steps": steps} if steps else {})
     names = systems or list(DEMO_SYSTEMS)
     plateaus = {seed: plateau_dir(runs, seed, seeds) for seed in SEEDS[:seeds]}
-    # The smoke run trains and evaluates in this process (``InProcess``).
+    # The smoke run trains and evaluates in this process (``workers``).
     timings.update(train_plateaus(plateaus, world, b, base, train=train_plateau, in_process=quick))
     starts = {seed: plateau_start(d) for seed, d in plateaus.items()}
     run_dirs = {(name, seed): runs / (name if seeds == 1 else f"{name}-seed{seed}")
@@ -340,30 +340,11 @@ def plateau_summary(plateaus: dict) -> str:
                      (best_validation(d, "val/chrf") for d in plateaus.values()))
 
 
-class InProcess:
-    """An executor that runs each job when it is submitted, in this process: the smoke run's jobs
-    take less time than starting worker processes, each of which imports torch, transformers and
-    comet before its first step."""
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-    def submit(self, fn, *args) -> Future:
-        future = Future()
-        try:
-            future.set_result(fn(*args, False))
-        except Exception as e:  # raised again by future.result(), as a pool does
-            future.set_exception(e)
-        return future
-
-
 def workers(in_process: bool = False):
-    """Two worker processes, one thread each (the machine this was built for has two cores), or
-    ``InProcess``."""
-    return InProcess() if in_process else ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("spawn"))
+    """Two worker processes, one thread each (the machine this was built for has two cores), or, for
+    the smoke run, this process (``InlineExecutor``): its jobs take less time than starting workers,
+    each of which imports torch, transformers and comet before its first step."""
+    return InlineExecutor() if in_process else ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("spawn"))
 
 
 def run_jobs(jobs: list[tuple[str, str, list[str]]], in_process: bool = False) -> dict:
@@ -374,7 +355,7 @@ def run_jobs(jobs: list[tuple[str, str, list[str]]], in_process: bool = False) -
     todo = [(label, recipe, o) for label, recipe, o in jobs
             if not (Path(next(x.split("=", 1)[1] for x in o if x.startswith("output.run_dir="))) / "final").is_dir()]
     with workers(in_process) as pool:
-        futures = [pool.submit(train_worker, label, recipe, overrides) for label, recipe, overrides in todo]
+        futures = [pool.submit(train_worker, label, recipe, overrides, not in_process) for label, recipe, overrides in todo]
         for future in futures:
             label, seconds = future.result()
             timings[f"train/{label}"] = seconds
@@ -432,7 +413,7 @@ def evaluate_and_compare(run_dirs: dict, world: Path, runs: Path, plateaus: dict
     jobs += [(str(d), f"{name}+{rule}", None, "test", rule) for rule in ("rerank", "mbr")
              for (name, _), d in run_dirs.items() if name == best]
     with workers(in_process) as pool:
-        done = [pool.submit(_evaluate_worker, jobs[i::2], str(world)) for i in range(2)]
+        done = [pool.submit(_evaluate_worker, jobs[i::2], str(world), not in_process) for i in range(2)]
         reports = [r for future in done for r in future.result()]
     for path, seconds in reports:
         timings[f"evaluate_{Path(path).parents[1].name}_{Path(path).stem}"] = seconds
