@@ -29,18 +29,18 @@ LOG = logging.getLogger("qeebm.config")
 
 TINYWORLD_DIR = "data/tinyworld"
 # One name per system everywhere: its recipe (recipes/configs/tiny_NAME.yaml, recipes/configs/real/
-# NAME.yaml), its run directory, the report's "system"; the tiny demo, the sweep and the real
-# recipes all list them from here, in this order.
+# NAME.yaml), its run directory, the report's "system". The lists below are the order the demo, the
+# sweep and the real recipes' default plan take them in; a system with a recipe and in no list still
+# runs when named (and with `qeebm demo --systems all`), after the listed ones.
 SYSTEMS = ("sft", "reinforce", "ppo", "qe-ebm-static", "qe-ebm-dynamic", "qe-finetune")
 # Systems with recipes of their own (tiny and real) that the demo, the sweep and a recipe's default
 # plan leave out; a recipe runs them when ``--systems`` names them.
 EXTRA_SYSTEMS = ("dpo", "cpo", "grpo")
-# QE-EBM with the estimator that passes the positive control (the softmax relaxation) against the
-# tiny Kiwi, beside straight-through's realistic row; a tiny recipe only.
+# QE-EBM with gradient estimators other than straight-through against the tiny Kiwi; tiny recipes only.
 KIWI_ESTIMATOR_SYSTEMS = ("qe-ebm-softmax", "qe-ebm-reinmax", "qe-ebm-loo-cv")
-# The tiny world's positive control: systems trained against an energy or reward that knows the answer
-# (the world's true reference of every pool sentence); tiny recipes only (qeebm/experiments/demo.py, TARGETS).
-# QE-EBM's gradient estimators other than straight-through are positive-control rows of their own.
+# The tiny world's positive control: systems whose recipe trains against an energy or reward that
+# knows the answer (the world's true reference of every pool sentence; qeebm/experiments/demo.py,
+# ``target``); tiny recipes only. QE-EBM's other gradient estimators are positive-control rows of their own.
 ESTIMATOR_SYSTEMS = ("qe-ebm-softmax-oracle", "qe-ebm-reinmax-oracle", "qe-ebm-loo-cv-oracle")
 ORACLE_SYSTEMS = ("qe-ebm-oracle", "reinforce-oracle", "reinforce-chrf", "dpo-oracle", "grpo-oracle", *ESTIMATOR_SYSTEMS)
 # The published seeds; every `--seeds N` takes the first N (the tiny world's single-seed tables use 42).
@@ -680,8 +680,10 @@ def parse_override(item: str) -> dict:
 
 
 CORPUS_FORMATS = ("auto", "tsv", "jsonl", "text", "hf")
-# The methods with a ``<method>.sampling`` section (SamplingConfig).
-SAMPLING_SECTIONS = ("qe_ebm", "reinforce", "ppo", "grpo")
+# The method sections with a ``sampling`` field (SamplingConfig), read from the dataclasses so that a new
+# method's section needs no entry here.
+SAMPLING_SECTIONS = tuple(f.name for f in dataclasses.fields(Config) if dataclasses.is_dataclass(f.default_factory)
+                          and "sampling" in {g.name for g in dataclasses.fields(f.default_factory)})
 # "inverse-cdf": one uniform per row and a search of the cumulative probabilities (the default);
 # "multinomial": transformers' own sampling, torch.multinomial, which draws one exponential per
 # vocabulary entry and row at every step (the toolkit's sampler before version 0.2.0 (CHANGELOG.md):

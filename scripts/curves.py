@@ -21,11 +21,13 @@ try:
 except ImportError:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from qeebm.config import EXTRA_SYSTEMS, KIWI_ESTIMATOR_SYSTEMS, ORACLE_SYSTEMS, SEEDS, SYSTEMS
+from qeebm.config import SEEDS
+from qeebm.experiments.demo import default_systems, knows_reference
 from qeebm.utils.runlog import validations
 
-PANELS = {"realistic rows (trained against the tiny Kiwi)": (*SYSTEMS, *EXTRA_SYSTEMS, *KIWI_ESTIMATOR_SYSTEMS),
-          "positive control (an energy or reward that knows the reference)": ("sft", *ORACLE_SYSTEMS)}
+PANELS = {"realistic rows (trained against the tiny Kiwi)": [s for s in default_systems() if not knows_reference(s)],
+          "positive control (an energy or reward that knows the reference)":
+              ["sft", *(s for s in default_systems() if knows_reference(s))]}
 
 
 def curves(runs: Path, key: str) -> dict[str, list[dict[int, float]]]:

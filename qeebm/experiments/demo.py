@@ -45,6 +45,7 @@ from qeebm.config import (
     ORACLE_SYSTEMS,
     SEEDS,
     SYSTEMS,
+    TINYWORLD_DIR,
     data_path_overrides,
     load_config,
 )
@@ -62,20 +63,27 @@ log = logging.getLogger("qeebm.experiments.demo")
 
 CONFIGS = resources.CONFIGS
 
-# What each system trains against, relative to the world: (qe.path, data.mono). The realistic rows
-# train against the tiny CometKiwi and sample the plain pool; the positive control (``ORACLE_SYSTEMS``)
-# reads each pool sentence's true reference, with sentence chrF++ for a system named ``*-chrf`` and
-# the tiny reference-based COMET for every other.
+# What a system trains against, relative to the world: (qe.path, data.mono). Its tiny recipe says it;
+# the realistic rows train against the tiny CometKiwi and sample the plain pool (the config's
+# defaults), the positive control reads each pool sentence's true reference, rewarded by the tiny
+# reference-based COMET or by sentence chrF++.
 KIWI = ("qe/kiwi", "data/mono.txt")
 ORACLE = ("qe/comet", "data/mono_ref.tsv")
 CHRF = ("chrf", "data/mono_ref.tsv")
 
 
 def target(name: str) -> tuple[str, str]:
-    """The (qe.path, data.mono) a system trains against (``KIWI``, ``ORACLE`` or ``CHRF``)."""
-    if name not in ORACLE_SYSTEMS:
-        return KIWI
-    return CHRF if name.endswith("-chrf") else ORACLE
+    """The (qe.path, data.mono) a system's tiny recipe trains against, relative to the world
+    (``KIWI``, ``ORACLE``, ``CHRF`` or another QE of the world)."""
+    recipe = yaml.safe_load((CONFIGS / tiny_recipe(name)).read_text(encoding="utf-8")) or {}
+    qe = (recipe.get("qe") or {}).get("path", f"{TINYWORLD_DIR}/{KIWI[0]}")
+    mono = ((recipe.get("data") or {}).get("mono") or {}).get("path", f"{TINYWORLD_DIR}/{KIWI[1]}")
+    return tuple(str(path).removeprefix(f"{TINYWORLD_DIR}/") for path in (qe, mono))
+
+
+def knows_reference(name: str) -> bool:
+    """A positive-control system: it trains against the pool's true references, which no user has."""
+    return target(name)[1] != KIWI[1]
 
 
 # Each system's training time in the demo (seconds on the project's 2-core CPU), to start the
@@ -205,7 +213,7 @@ def best_system(run_dirs: dict) -> str:
     those a user could train: the positive control knows the references of the pool."""
     scores: dict[str, list[float]] = {}
     for (name, _), run_dir in run_dirs.items():
-        if name in ORACLE_SYSTEMS:
+        if knows_reference(name):
             continue
         chrf = [r["val/chrf"] for r in validations(run_dir, "val/chrf")]
         scores.setdefault(name, []).append(max(chrf) if chrf else float("-inf"))
@@ -220,10 +228,14 @@ DEMO_SYSTEMS = ("sft", "qe-ebm-static", "reinforce", "dpo", "qe-ebm-oracle", "qe
 
 
 def default_systems() -> list[str]:
-    """Every system the demo and the sweep can train: those with a tiny recipe, in ``SYSTEMS``,
-    ``EXTRA_SYSTEMS``, ``KIWI_ESTIMATOR_SYSTEMS``, ``ORACLE_SYSTEMS`` order."""
-    return [name for name in (*SYSTEMS, *EXTRA_SYSTEMS, *KIWI_ESTIMATOR_SYSTEMS, *ORACLE_SYSTEMS)
-            if (CONFIGS / tiny_recipe(name)).is_file()]
+    """Every system the demo and the sweep can train: every tiny recipe but the plateau's, in
+    ``SYSTEMS``, ``EXTRA_SYSTEMS``, ``KIWI_ESTIMATOR_SYSTEMS``, ``ORACLE_SYSTEMS`` order, then those
+    no list names (a new system needs only its recipe), the realistic before the positive control."""
+    listed = [name for name in (*SYSTEMS, *EXTRA_SYSTEMS, *KIWI_ESTIMATOR_SYSTEMS, *ORACLE_SYSTEMS)
+              if (CONFIGS / tiny_recipe(name)).is_file()]
+    others = sorted(p.name.removeprefix("tiny_").removesuffix(".yaml") for p in CONFIGS.glob("tiny_*.yaml"))
+    others = [name for name in others if name not in listed and name != "plateau"]
+    return listed + sorted(others, key=knows_reference)
 
 
 def plateau_dir(runs: Path, seed: int, seeds: int) -> Path:

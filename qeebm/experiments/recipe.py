@@ -68,8 +68,9 @@ PREEMPTED_FILE = "QEEBM_PREEMPTED_FILE"
 # name the config file, since `bash` passes no process count to accelerate.
 BASH_LAUNCH = "QEEBM_BASH_LAUNCH"
 DEFAULT_MODEL = "mbart50"
-# What --systems may name: the comparison's systems (run by default) and those run on request.
-KNOWN_SYSTEMS = tuple(dict.fromkeys(SYSTEMS + EXTRA_SYSTEMS))
+# What --systems may name: the comparison's systems (run by default), those run on request and any
+# other with a recipe in recipes/configs/real (a new method needs only its recipe there).
+KNOWN_SYSTEMS = tuple(dict.fromkeys(SYSTEMS + EXTRA_SYSTEMS + tuple(sorted(p.stem for p in CONFIGS.glob("*.yaml")))))
 
 
 @dataclass(frozen=True)

@@ -39,3 +39,29 @@ def test_every_method_has_a_tiny_and_a_real_recipe():
 
     assert methods(CONFIGS.glob("tiny_*.yaml")) >= set(METHODS)
     assert methods((CONFIGS / "real").glob("*.yaml")) == set(METHODS)
+
+
+def test_a_tiny_system_is_its_recipe(tmp_path, monkeypatch):
+    # What a system trains against is read from its recipe, and a recipe no list names still runs.
+    from qeebm.experiments import demo
+
+    (tmp_path / "tiny_sft.yaml").write_text("method: sft\n")
+    (tmp_path / "tiny_plateau.yaml").write_text("method: sft\n")
+    (tmp_path / "tiny_new.yaml").write_text("method: reinforce\n")
+    (tmp_path / "tiny_new-oracle.yaml").write_text(
+        "method: reinforce\nqe: {path: data/tinyworld/qe/comet}\ndata: {mono: {path: data/tinyworld/data/mono_ref.tsv}}\n")
+    (tmp_path / "tiny_new-chrf.yaml").write_text(
+        "method: reinforce\nqe: {path: chrf}\ndata: {mono: {path: data/tinyworld/data/mono_ref.tsv}}\n")
+    monkeypatch.setattr(demo, "CONFIGS", tmp_path)
+    assert demo.default_systems() == ["sft", "new", "new-chrf", "new-oracle"]
+    assert [demo.target(s) for s in ("sft", "new", "new-oracle", "new-chrf")] == [
+        demo.KIWI, demo.KIWI, demo.ORACLE, demo.CHRF]
+
+
+def test_the_listed_positive_control_is_what_its_recipes_train_against():
+    from qeebm.config import ORACLE_SYSTEMS
+    from qeebm.experiments import demo
+
+    systems = demo.default_systems()
+    assert {s for s in systems if demo.knows_reference(s)} == set(ORACLE_SYSTEMS)
+    assert all(demo.target(s) == (demo.CHRF if s.endswith("-chrf") else demo.ORACLE) for s in ORACLE_SYSTEMS)
