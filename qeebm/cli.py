@@ -177,7 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="give a built world QEs that see the top of the quality range (docs/tinyworld.md)",
         description="Train converged systems and QE-trained systems from them on the world's QE split, judge "
         "their outputs, train the world's kiwi further on them and its held-out judge (a reference-based "
-        "tiny COMET) on its shard's (the first ones are kept as kiwi-v1 and judge-v1); qe/qe_report.json "
+        "tiny COMET) on its shard's (the first ones are kept as kiwi-lowrange and judge-lowrange); qe/qe_report.json "
         "gains every QE's top-range correlations. A full "
         "`tinyworld build --qe build` runs this stage itself.")
     t.add_argument("dir", help="a built tiny world (e.g. data/tinyworld)")

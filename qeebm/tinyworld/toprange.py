@@ -1,6 +1,6 @@
 """The top of the quality range: judged translations of converged systems, and the QEs that learn them.
 
-The first tiny QEs (``kiwi-v1``, ``judge-v1``) learnt from ten systems that are all far weaker than
+The first tiny QEs (``kiwi-lowrange``, ``judge-lowrange``) learnt from ten systems that are all far weaker than
 a translator trained to its plateau: they rank a converged SFT system below QE-trained systems many
 BLEU points worse, so a method started from SFT's plateau and trained against them is pushed away
 from quality by construction. A real CometKiwi learns from human judgements of strong systems too.
@@ -15,13 +15,13 @@ This stage gives the tiny world's QEs that range (``build``, after the first QEs
 3. their outputs on the QE split past the fine-tuned pairs and on the judge's shard, judged like
    the first systems' (``judged.judged_rows``: the same precision-aware quality, corruptions and
    degenerations);
-4. ``kiwi``: the first Kiwi (kept as ``kiwi-v1``) trained further on the QE split's rows
+4. ``kiwi``: the first Kiwi (kept as ``kiwi-lowrange``) trained further on the QE split's rows
    (``top_range["fit"]``). Continuing from it, rather than from scratch on both sets, needs nothing
    but a built world: the stage runs on a world whose first QEs were copied from
    ``data/tinyworld-qe`` (``qeebm tinyworld build-top DIR``) as it runs inside a full build;
 5. ``judge``: the held-out judge, of its own seed, size and data shard and of **another kind** than
    the Kiwi: a reference-based tiny COMET (``JUDGE``) trained from random weights on the judge
-   shard's rows. The first judge (kept as ``judge-v1``) was a reference-free model like the Kiwi, and
+   shard's rows. The first judge (kept as ``judge-lowrange``) was a reference-free model like the Kiwi, and
    one trained further on these rows still scored a 600-step QE-trained system above a converged SFT
    system 13 BLEU better: a judge of the Kiwi's own kind shares its blind spots, while one that reads
    the reference sees what the Kiwi cannot (as XCOMET, reference-based, checks a CometKiwi-trained
@@ -76,7 +76,7 @@ from qeebm.utils.langcodes import FAMILIES
 log = logging.getLogger("qeebm.tinyworld")
 
 # The first QEs keep these names beside the ones trained on the whole range.
-FIRST = {"kiwi": "kiwi-v1", "judge": "judge-v1"}
+FIRST = {"kiwi": "kiwi-lowrange", "judge": "judge-lowrange"}
 # The held-out judge (``fit_tiny_qe``'s spec): reference-based, smaller than the world's COMET and of
 # another seed; trained with the world's first QEs' settings (``WorldSize.qe_fit``).
 JUDGE = dict(kind="comet", hidden=48, layers=2, heads=4, ffn=96, seed_offset=7919, data="judge", train={"epochs": 3})

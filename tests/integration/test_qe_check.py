@@ -31,7 +31,7 @@ from qeebm.qe.degrade import (
 TINY_QES = {
     "kiwi-weak": {"strength": 0, "length_blind_spot": True},
     "kiwi-medium": {"strength": 1, "length_blind_spot": True},
-    "kiwi-v1": {"strength": 2, "length_blind_spot": True},
+    "kiwi-lowrange": {"strength": 2, "length_blind_spot": True},
     "comet": {"strength": 3, "length_blind_spot": False},
 }
 REFERENCE_BASED = "comet"  # the world's reference-based COMET: a quality to measure against, too
@@ -407,7 +407,7 @@ def test_the_length_blind_spot_is_flagged(measured):
             # the length guard's default range lets most over-long copies through: left open
             assert "over_long" in v["open"]
     # the strong Kiwi: the reference over its over-long copy in about 90% of pairs (87% here)
-    assert 0.8 < measured["kiwi-v1"]["m"]["blind_spots"]["over_long"]["prefers_reference"] < 0.95
+    assert 0.8 < measured["kiwi-lowrange"]["m"]["blind_spots"]["over_long"]["prefers_reference"] < 0.95
     assert all(row["prefers_reference"] == 1 for row in measured[REFERENCE_BASED]["m"]["blind_spots"].values())
 
 

@@ -33,7 +33,7 @@ def test_micro_world_has_every_artifact(micro_world):
     src, mt, score = read_judged(micro_world / "qe/heldout.tsv")
     assert len(score) == manifest_heldout(micro_world) and all(0.0 <= y <= 1.0 for y in score)
     report = json.loads((micro_world / "qe/qe_report.json").read_text())
-    for name in ("kiwi-v1", "comet", "judge-v1"):
+    for name in ("kiwi-lowrange", "comet", "judge-lowrange"):
         for key in ("pearson", "spearman", "outputs_pearson", "within_source_pearson", "prefers_reference_over",
                     "top_range"):
             assert key in report[name], (name, key)
@@ -52,7 +52,7 @@ def test_the_top_range_stage_trains_the_first_qes_further_on_converged_systems(m
     from qeebm.qe.scoring import QEScorer
 
     report = json.loads((micro_world / "qe/qe_report.json").read_text())
-    assert report["kiwi"]["continued_from"] == "kiwi-v1" and "continued_from" not in report["judge"]
+    assert report["kiwi"]["continued_from"] == "kiwi-lowrange" and "continued_from" not in report["judge"]
     judge_rows = (micro_world / "qe/train_judge_top.tsv").read_text(encoding="utf-8").splitlines()[1:]
     assert report["judge"]["train_examples"] == len(judge_rows) > 0
     # Their judged rows: the plateau run's checkpoints and the QE-trained systems from its end, every
@@ -67,9 +67,9 @@ def test_the_top_range_stage_trains_the_first_qes_further_on_converged_systems(m
     # Trained further: the same inputs now score otherwise.
     src, mt = ["the cat sees a dog.", "i am here."], ["муур нохой харна.", "би энд байна."]
     assert QEScorer(load_qe(str(micro_world / "qe/kiwi"))).score(src, mt) != \
-        QEScorer(load_qe(str(micro_world / "qe/kiwi-v1"))).score(src, mt)
+        QEScorer(load_qe(str(micro_world / "qe/kiwi-lowrange"))).score(src, mt)
     # The top of the range is at least half of the plateau system's outputs (its median and above).
-    for name in ("kiwi", "kiwi-v1", "comet"):
+    for name in ("kiwi", "kiwi-lowrange", "comet"):
         r = report[name]["top_range"]
         assert 0 < r["top"]["rows"] <= r["all"]["rows"]
 
@@ -79,9 +79,9 @@ def test_the_first_qes_keep_their_records_when_the_top_range_stage_runs_again():
 
     first = {"kiwi": {"seed": 0}, "judge": {"seed": 7919}, "comet": {"seed": 1}}
     renamed = first_qes_report(first)
-    assert renamed == {"kiwi-v1": {"seed": 0}, "judge-v1": {"seed": 7919}, "comet": {"seed": 1}}
+    assert renamed == {"kiwi-lowrange": {"seed": 0}, "judge-lowrange": {"seed": 7919}, "comet": {"seed": 1}}
     # After the stage: its own kiwi and judge beside the first ones; a second run replaces its own.
-    after = renamed | {"kiwi": {"continued_from": "kiwi-v1"}, "judge": {"kind": "comet"}}
+    after = renamed | {"kiwi": {"continued_from": "kiwi-lowrange"}, "judge": {"kind": "comet"}}
     assert first_qes_report(after) == renamed
 
 
