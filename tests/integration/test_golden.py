@@ -12,10 +12,8 @@ the file then records the CPU of each such entry beside the one the rest was wri
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
-import os
 from pathlib import Path
 
 import pytest
@@ -26,7 +24,9 @@ from qeebm.experiments.demo import CONFIGS, budget, default_systems, run_overrid
 from qeebm.training.loop import train
 from qeebm.utils.runlog import read_metrics
 
-GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "micro_runs.json"
+from support.golden import GOLDEN_DIR, cpu_fingerprint, names_to_write
+
+GOLDEN = GOLDEN_DIR / "micro_runs.json"
 STEPS = 3
 GOLDEN_SYSTEMS = tuple(default_systems())
 # Float rounding differs between CPUs (vector widths, MKL's code paths) and three steps of training
@@ -36,17 +36,6 @@ GOLDEN_SYSTEMS = tuple(default_systems())
 SAME_CPU, OTHER_CPU = (1e-6, 1e-6), (2e-2, 2e-3)  # (rel_tol, abs_tol)
 
 
-def cpu_fingerprint() -> str:
-    """What decides float rounding here: the vector width torch dispatches to and the CPU model."""
-    info = {}
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            info.setdefault(key.strip(), value.strip())
-    model = "/".join(info.get(k, "?") for k in ("vendor_id", "cpu family", "model", "stepping"))
-    return f"{torch.backends.cpu.get_cpu_capability()} {model}"
-
-
 def logged_numbers(run_dir: Path) -> list[dict]:
     """Each record's numbers, timings left out (they are the one thing allowed to change)."""
     return [{k: v for k, v in r.items() if isinstance(v, (int, float)) and "seconds" not in k and k != "elapsed"}
@@ -54,11 +43,8 @@ def logged_numbers(run_dir: Path) -> list[dict]:
 
 
 def systems_to_write() -> tuple[str, ...]:
-    """QEEBM_WRITE_GOLDEN: "1" rewrites every entry, a comma-separated list of systems only theirs."""
-    value = os.environ.get("QEEBM_WRITE_GOLDEN", "")
-    if not value:
-        return ()
-    return GOLDEN_SYSTEMS if value == "1" else tuple(n.strip() for n in value.split(",") if n.strip())
+    """QEEBM_WRITE_GOLDEN: "1" rewrites every entry, a comma-separated list only those systems'."""
+    return names_to_write(GOLDEN_SYSTEMS)
 
 
 @pytest.fixture(scope="module")

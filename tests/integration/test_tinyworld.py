@@ -1,3 +1,4 @@
+import hashlib
 import json
 
 import pytest
@@ -8,6 +9,8 @@ from qeebm.errors import QeebmError
 from qeebm.qe.heldout import read_judged
 from qeebm.tinyworld.build import build, write_data
 from qeebm.tinyworld.world import SIZES, is_built
+
+from support.golden import GOLDEN_DIR, cpu_fingerprint, names_to_write
 
 
 def manifest_heldout(world) -> int:
@@ -181,22 +184,43 @@ def test_quality_punishes_additions_as_it_punishes_omissions():
     assert quality(half, ref) < 0.5 and quality(ref + " ногоон том аяга", ref) < 0.75
 
 
-def test_same_seed_gives_identical_files(micro_world, tmp_path):
-    # Built elsewhere with the session's seed. The manifest hashes each file with the world's own path
-    # replaced by a placeholder; a pickled QE checkpoint holds that path in a form the placeholder does
-    # not reach, so the checkpoints are compared by their weights.
+GOLDEN_WORLD = GOLDEN_DIR / "micro_world.json"
+
+
+def world_digests(world) -> dict:
+    """The build's manifest with each pickled QE checkpoint's digest replaced by its weights': the
+    manifest hashes each file with the world's own path replaced by a placeholder, which does not
+    reach that path inside a pickle."""
     import torch
 
-    again = build(tmp_path / "again", seed=0, size="micro")
-    first, second = (json.loads((w / "manifest.json").read_text()) for w in (micro_world, again))
-    ckpts = sorted(k for k in first["files"] if k.endswith(".ckpt"))
-    assert len(ckpts) >= 4
-    for key in ckpts:
-        a, b = (torch.load(w / key, map_location="cpu", weights_only=False)["state_dict"] for w in (micro_world, again))
-        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), key
-        del first["files"][key], second["files"][key]
-    assert first == second
-    assert len(first["files"]) > 40
+    manifest = json.loads((world / "manifest.json").read_text())
+    for key in [k for k in manifest["files"] if k.endswith(".ckpt")]:
+        weights = torch.load(world / key, map_location="cpu", weights_only=False)["state_dict"]
+        digest = hashlib.sha256()
+        for name in sorted(weights):
+            digest.update(name.encode() + weights[name].numpy().tobytes())
+        manifest["files"][key] = digest.hexdigest()
+    return manifest
+
+
+def test_same_seed_gives_identical_files(micro_world, tmp_path):
+    # Trained weights are bitwise the same only on the same kind of CPU. On the CPU that wrote
+    # tests/golden/micro_world.json the session's build must equal it, which also pins the world
+    # against unintended changes (QEEBM_WRITE_GOLDEN=micro-world writes it again after an intended
+    # one); on another CPU a second build with the same seed must equal the first.
+    got = world_digests(micro_world)
+    if names_to_write(("micro-world",)):
+        GOLDEN_WORLD.write_text(json.dumps({"cpu": cpu_fingerprint(), "manifest": got}, indent=1, sort_keys=True) + "\n")
+    stored = json.loads(GOLDEN_WORLD.read_text())
+    if stored["cpu"] == cpu_fingerprint():
+        want = stored["manifest"]
+    else:
+        want = world_digests(build(tmp_path / "again", seed=0, size="micro"))
+    assert sum(k.endswith(".ckpt") for k in got["files"]) >= 4 and len(got["files"]) > 40
+    assert sorted(got["files"]) == sorted(want["files"])
+    differ = sorted(k for k in got["files"] if got["files"][k] != want["files"][k])
+    assert not differ, differ
+    assert got == want
 
 
 def test_a_finished_build_is_not_redone(micro_world):
