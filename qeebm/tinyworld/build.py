@@ -51,6 +51,7 @@ from qeebm.data.corpus import read_corpus, write_lines, write_tsv
 from qeebm.errors import QeebmError
 from qeebm.qe.heldout import write_judged
 from qeebm.qe.scoring import QEScorer
+from qeebm.qe.train import torch_threads
 from qeebm.tinyworld.judged import Judged, degenerate_probes, heldout_samples, judged_rows, report, system_outputs
 from qeebm.tinyworld.language import Pair, build_splits, narrow_pairs
 from qeebm.tinyworld.models import build_tiny_translator
@@ -353,7 +354,10 @@ def qe_report(qe_dir: Path, fitted: dict, heldout, samples, probes) -> dict:
         if qe_kind(model) == "comet":
             ref_of = {r.src: r.ref for r in heldout}
             scorer = WithReferences(scorer, ref_of)
-        out[name] = record | report(scorer, heldout, samples, probes)
+        # One thread, as the stage workers: the scores' last digits depend on the thread count, and
+        # an in-process build (the micro world's) runs at whatever count its caller left.
+        with torch_threads(1):
+            out[name] = record | report(scorer, heldout, samples, probes)
         log.info("tiny QE %s: held-out Pearson %.3f, Spearman %.3f; translator outputs %.3f; within source %.3f",
                  name, out[name]["pearson"], out[name]["spearman"], out[name]["outputs_pearson"],
                  out[name]["within_source_pearson"])

@@ -295,27 +295,30 @@ def measure_qes(world: Path, names: list[str], samples: list, plateau: str, seed
     """Every QE on the same rows: Pearson with the true quality on the held-out judged rows of every
     kind (``qe/heldout.tsv``), how often it prefers the held-out reference over each degenerate
     version of it, and ``top_range_report`` on the converged systems' held-out samples."""
-    from qeebm.qe.models import load_qe, qe_kind
-
     held = read_corpus(CorpusConfig(path=str(world / "data" / "qe_heldout.tsv")), "qe_heldout", need_target=True)
     probes = degenerate_probes([Pair(s, t) for s, t in zip(held.src, held.tgt)], seed + 3)
     rows = _read_heldout(world / "qe" / "heldout.tsv")
-    out = {}
-    for name in names:
-        model = load_qe(str(world / "qe" / name))
-        scorer = QEScorer(model, batch_size=128)
-        if qe_kind(model) == "comet":
-            refs = {r.src: r.ref for r in rows} | {r.src: r.ref for r in samples} | dict(zip(held.src, held.tgt))
-            scorer = WithReferences(scorer, refs)
-        s = scorer.score([r.src for r in rows], [r.mt for r in rows])
-        q = [r.score for r in rows]
-        refs_rows = [Judged(r.src, r.ref, r.ref, 1.0, "reference") for r in next(iter(probes.values()))]
-        good = np.array(scorer.score([r.src for r in refs_rows], [r.mt for r in refs_rows]))
-        out[name] = {"pearson": pearson(s, q), "spearman": spearman(s, q),
-                     "prefers_reference_over": {kind: float(np.mean(good > np.array(scorer.score(
-                         [r.src for r in probe], [r.mt for r in probe])))) for kind, probe in probes.items()},
-                     "top_range": top_range_report(scorer, samples, plateau)}
-    return out
+    refs = {r.src: r.ref for r in rows} | {r.src: r.ref for r in samples} | dict(zip(held.src, held.tgt))
+    # One thread, as in build.qe_report: the same world writes the same report whoever builds it.
+    with torch_threads(1):
+        return {name: _measure_qe(world / "qe" / name, rows, refs, probes, samples, plateau) for name in names}
+
+
+def _measure_qe(path: Path, rows: list, refs: dict, probes: dict, samples: list, plateau: str) -> dict:
+    from qeebm.qe.models import load_qe, qe_kind
+
+    model = load_qe(str(path))
+    scorer = QEScorer(model, batch_size=128)
+    if qe_kind(model) == "comet":
+        scorer = WithReferences(scorer, refs)
+    s = scorer.score([r.src for r in rows], [r.mt for r in rows])
+    q = [r.score for r in rows]
+    refs_rows = [Judged(r.src, r.ref, r.ref, 1.0, "reference") for r in next(iter(probes.values()))]
+    good = np.array(scorer.score([r.src for r in refs_rows], [r.mt for r in refs_rows]))
+    return {"pearson": pearson(s, q), "spearman": spearman(s, q),
+            "prefers_reference_over": {kind: float(np.mean(good > np.array(scorer.score(
+                [r.src for r in probe], [r.mt for r in probe])))) for kind, probe in probes.items()},
+            "top_range": top_range_report(scorer, samples, plateau)}
 
 
 def _read_heldout(path: Path) -> list:
