@@ -1,18 +1,14 @@
-"""Training methods by name: ``METHODS[cfg.method](cfg, translator, model)``."""
+"""Training methods by name: ``METHODS[cfg.method](cfg, translator, model)``. Every ``Method``
+subclass of this package with a ``name`` is one: a new method's module needs no entry here."""
 
 from __future__ import annotations
 
 import difflib
+import importlib
+import pkgutil
 
 from qeebm.errors import QeebmError
 from qeebm.methods.base import Batch, Method, StepOutput
-from qeebm.methods.grpo import GRPO
-from qeebm.methods.ppo import PPO
-from qeebm.methods.preference import CPO, DPO
-from qeebm.methods.qe_ebm import QeEbm
-from qeebm.methods.qe_finetune import QeFinetune
-from qeebm.methods.reinforce import Reinforce
-from qeebm.methods.sft import SFT
 
 
 class _Registry(dict):
@@ -23,7 +19,19 @@ class _Registry(dict):
         raise QeebmError(f"unknown method '{name}'{hint}; known methods: {', '.join(sorted(self))}")
 
 
-METHODS: dict[str, type] = _Registry(sft=SFT, reinforce=Reinforce, ppo=PPO, grpo=GRPO, dpo=DPO, cpo=CPO,
-                                     **{"qe-ebm": QeEbm, "qe-finetune": QeFinetune})
+def _methods() -> dict[str, type]:
+    for module in pkgutil.iter_modules(__path__):
+        importlib.import_module(f"{__name__}.{module.name}")
+    found, todo = {}, list(Method.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        todo += cls.__subclasses__()
+        if cls.name != Method.name:
+            if found.setdefault(cls.name, cls) is not cls:
+                raise QeebmError(f"two methods named '{cls.name}': {found[cls.name].__qualname__} and {cls.__qualname__}")
+    return dict(sorted(found.items()))
+
+
+METHODS: dict[str, type] = _Registry(_methods())
 
 __all__ = ["METHODS", "Batch", "Method", "StepOutput"]
