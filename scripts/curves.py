@@ -25,9 +25,10 @@ from qeebm.config import SEEDS
 from qeebm.experiments.demo import default_systems, knows_reference
 from qeebm.utils.runlog import validations
 
-PANELS = {"realistic rows (trained against the tiny Kiwi)": [s for s in default_systems() if not knows_reference(s)],
+_SYSTEMS = default_systems()
+PANELS = {"realistic rows (trained against the tiny Kiwi)": [s for s in _SYSTEMS if not knows_reference(s)],
           "positive control (an energy or reward that knows the reference)":
-              ["sft", *(s for s in default_systems() if knows_reference(s))]}
+              ["sft", *(s for s in _SYSTEMS if knows_reference(s))]}
 
 
 def curves(runs: Path, key: str) -> dict[str, list[dict[int, float]]]:

@@ -75,10 +75,8 @@ CHRF = ("chrf", "data/mono_ref.tsv")
 def target(name: str) -> tuple[str, str]:
     """The (qe.path, data.mono) a system's tiny recipe trains against, relative to the world
     (``KIWI``, ``ORACLE``, ``CHRF`` or another QE of the world)."""
-    recipe = yaml.safe_load((CONFIGS / tiny_recipe(name)).read_text(encoding="utf-8")) or {}
-    qe = (recipe.get("qe") or {}).get("path", f"{TINYWORLD_DIR}/{KIWI[0]}")
-    mono = ((recipe.get("data") or {}).get("mono") or {}).get("path", f"{TINYWORLD_DIR}/{KIWI[1]}")
-    return tuple(str(path).removeprefix(f"{TINYWORLD_DIR}/") for path in (qe, mono))
+    cfg = load_config(CONFIGS / tiny_recipe(name))
+    return tuple(path.removeprefix(f"{TINYWORLD_DIR}/") for path in (cfg.qe.path, cfg.data.mono.path))
 
 
 def knows_reference(name: str) -> bool:
@@ -233,9 +231,9 @@ def default_systems() -> list[str]:
     no list names (a new system needs only its recipe), the realistic before the positive control."""
     listed = [name for name in (*SYSTEMS, *EXTRA_SYSTEMS, *KIWI_ESTIMATOR_SYSTEMS, *ORACLE_SYSTEMS)
               if (CONFIGS / tiny_recipe(name)).is_file()]
-    others = sorted(p.name.removeprefix("tiny_").removesuffix(".yaml") for p in CONFIGS.glob("tiny_*.yaml"))
-    others = [name for name in others if name not in listed and name != "plateau"]
-    return listed + sorted(others, key=knows_reference)
+    others = {p.name.removeprefix("tiny_").removesuffix(".yaml") for p in CONFIGS.glob("tiny_*.yaml")}
+    others -= {*listed, "plateau"}
+    return listed + sorted(others, key=lambda name: (knows_reference(name), name))
 
 
 def plateau_dir(runs: Path, seed: int, seeds: int) -> Path:
