@@ -10,9 +10,10 @@ import sys
 from pathlib import Path
 
 from qeebm.errors import QeebmError
+from qeebm.metrics.registry import DEFAULT_MODELS, DESCRIPTIONS, SACREBLEU_METRICS
 from qeebm.utils.process import setup_process
 
-CONFIG_HELP = "YAML file with the settings that differ from the defaults (see qeebm/config.py)"
+CONFIG_HELP = "YAML file with the settings that differ from the defaults (see qeebm/config.py and each method's module in qeebm/methods/)"
 OVERRIDE_HELP = "dotted overrides applied after the YAML file, e.g. optim.lr=1e-4 model.lora.enabled=true"
 
 
@@ -57,7 +58,6 @@ def cmd_train(args: argparse.Namespace) -> None:
 
 def cmd_translate(args: argparse.Namespace) -> None:
     from qeebm.evaluation.command import generation_from_args
-    from qeebm.metrics.registry import DEFAULT_MODELS
     from qeebm.translation.qad import selection_from_args
     from qeebm.translation.translator import translate_file
 
@@ -188,7 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
         "train",
         help="train a translator with one method (sft, qe-ebm, reinforce, ppo, grpo, qe-finetune, dpo, cpo)",
         description="Train with the method named by the config key 'method'. Settings: the dataclass "
-        "defaults (qeebm/config.py), then --config YAML, then dotted overrides. Resumes from run_dir if it "
+        "defaults (qeebm/config.py; a method's section in its module), then --config YAML, then dotted overrides. Resumes from run_dir if it "
         "holds a checkpoint. Multi-process: accelerate launch -m qeebm.cli train ...",
         epilog="methods (method=NAME), and the config sections that set them:\n"
         "  sft          CE on the labelled pairs                                   optim.*\n"
@@ -260,15 +260,14 @@ def build_parser() -> argparse.ArgumentParser:
                        "--run, goes to RUN/eval/SPLIT-rerank.json / SPLIT-mbr.json; a metric whose model did "
                        "the selecting is not held out (selected_on).")
     g = p.add_argument_group("metrics")
-    g.add_argument("--metrics", help="comma-separated: bleu,chrf,ter,comet,kiwi,xcomet and judge names ('judges' = "
-                   "all of them); default: every metric that has a model")
+    g.add_argument("--metrics", help=f"comma-separated: {','.join(SACREBLEU_METRICS + tuple(DEFAULT_MODELS))} and "
+                   "judge names ('judges' = all of them); default: every metric that has a model")
     g.add_argument("--no-neural", action="store_true", help="only BLEU, chrF++ and TER")
-    g.add_argument("--comet", metavar="MODEL", help="reference-based COMET (default Unbabel/wmt22-comet-da)")
-    g.add_argument("--kiwi", metavar="MODEL", help="COMET-Kiwi (default Unbabel/wmt22-cometkiwi-da)")
-    g.add_argument("--xcomet", metavar="MODEL", help="XCOMET (default Unbabel/XCOMET-XL)")
+    for name, model in DEFAULT_MODELS.items():
+        g.add_argument(f"--{name}", metavar="MODEL", help=f"{DESCRIPTIONS[name]} (default {model})")
     g.add_argument("--judge", action="append", metavar="[NAME=]MODEL",
                    help="a held-out QE, scored under NAME (default 'judge'); repeatable")
-    for name in ("comet", "kiwi", "xcomet", "judge"):
+    for name in (*DEFAULT_MODELS, "judge"):
         g.add_argument(f"--{name}-batch-size", type=int, metavar="N", help="default 16")
     g.add_argument("--bleu-tokenize", metavar="TOK", help="sacrebleu's BLEU tokenizer (13a, intl, char, zh, ja-mecab, "
                    "ko-mecab, ...); default: sacrebleu's for the target language (--tgt-lang, else the run's): zh for "

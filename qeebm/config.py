@@ -1,6 +1,7 @@
 """The one typed configuration of a qeebm run.
 
-Every default is visible in the dataclasses below; an experiment YAML holds only its differences,
+Every default is visible in the dataclasses below and, for a method's own section, in the dataclass
+its module declares with ``method_section``; an experiment YAML holds only its differences,
 and command-line overrides are dotted ``key=value`` pairs (``optim.lr=1e-4``). An unknown key or a
 value of the wrong type is an error naming the key and the closest valid one, raised before any
 model is loaded.
@@ -11,6 +12,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import importlib
 import logging
 import math
 import re
@@ -307,232 +309,6 @@ class QEConfig:
 
 
 @dataclass
-class QeEbmConfig:
-    """QE-EBM on the translator: loss = alpha * CE(labelled) + beta * mean_k E(x, y_k) over a
-    source-only batch (``data.mono``, the same global size as ``optim.batch_size``), E = -QE.
-
-    ``sampling``: K samples per source (``sampling.num_samples``), ancestral by default.
-    ``estimator``: how the QE's gradient reaches the translator (docs/method.md, "Gradient
-    estimators"): through a relaxation of the sampled tokens, "st" (straight-through), "softmax"
-    (expected embedding), "gumbel-st" (straight-through Gumbel-softmax at ``tau``) or "reinmax"
-    (straight-through's forward with ReinMax's second-order backward at ``tau``, Liu et al. 2023);
-    or "loo-cv": the unbiased score-function estimator with a leave-one-out baseline and the QE's
-    gradient at the source's other samples as a control variate, weighted by ``cv_weight`` (None:
-    the variance-minimising weight fitted on the previous step, starting at 1). The old key name
-    ``relaxation`` still works.
-    ``weighting: absolute`` (the published schedule) at optimiser step s (counted from 1):
-    beta = ``energy_weight`` * min(1, s / ``energy_ramp_steps``) (``energy_ramp_steps`` 0: the full weight
-    throughout); alpha = ``ce_weight`` when set, else max(0, 1 - ``ce_coupling`` * beta). alpha and
-    beta are the paper's names, logged as ``qe-ebm/alpha`` and ``qe-ebm/beta``. The defaults are the
-    published ramp: beta reaches 0.001 at step 4000, alpha ends at 0.99.
-
-    ``weighting: relative``: beta is chosen so that the energy's gradient is ``rho`` times the CE's,
-    ramped the same way: beta = rho * min(1, s / energy_ramp_steps) * alpha * |grad CE| / |grad E|, with
-    alpha = ``ce_weight`` when set, else 1. The two gradient norms (over the trainable parameters) are
-    measured on the first micro-batch of every ``rho_every``-th step (1: every step, the exact ratio
-    when there is one micro-batch and one process; averaged over processes) and reused in between.
-    rho = 0.1 means "the energy moves the model a tenth as hard as the supervised loss", whatever
-    the QE's score scale. A measurement costs no extra backward pass: the step's backward reuses the
-    two measured gradients (``diagnostics.with_known_gradient``).
-
-    ``guards`` (off by default, as published): samples that trip a reward-hacking guard
-    (``guards``, qeebm/guards.py: empty, source copy, length ratio, repetition, script) carry no
-    energy, so the gradient cannot follow a QE that overrates them; their rate is logged as
-    ``guard/*``. The RL baselines rank such samples last; a guard has no gradient, so dropping them
-    is what QE-EBM can do with the same test."""
-
-    sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    estimator: str = "st"  # st | softmax | gumbel-st | reinmax | loo-cv
-    tau: float = 1.0
-    cv_weight: Optional[float] = None
-    energy_weight: float = 0.001
-    energy_ramp_steps: int = 4000
-    ce_weight: Optional[float] = None
-    ce_coupling: float = 10.0
-    weighting: str = "absolute"  # absolute | relative
-    rho: float = 0.1
-    rho_every: int = 1
-    guards: bool = False
-
-
-@dataclass
-class ReinforceConfig:
-    """REINFORCE, the paper's policy-gradient baseline: ``sampling.num_samples`` (K) samples of each
-    source-only sentence (``data.mono``, global size ``optim.batch_size``), nucleus p=0.9 as
-    published; reward = QE score (``qe.path``, or ``reward.terms``) with the hits of the ``guards`` penalised (when
-    ``guards`` is true; ``guards.penalty_unit``); loss = ce_weight * CE(labelled batch) + pg_weight *
-    policy gradient, both token means over the step; no KL term.
-
-    ``baseline``: "rloo" (default: the mean of the other K-1 samples of the same source, Kool et al.
-    2019, which compares translations of one source with each other), "running_mean" (published: the
-    mean of every earlier step's rewards, shared by every source) or "none". ``reward_scaling``:
-    "whiten" (default: divided by the step's standard deviation, so pg_weight does not depend on the QE's
-    score scale), "max_abs" (published "centred reward scaled to [-1, 1]": divided by the step's
-    largest |reward - baseline|, usually one guard hit's) or "none". Both use the whole optimiser
-    step. The paper does not give the policy gradient's weight. The log-probabilities are taken under the sampling
-    temperature; top_k/top_p truncate the sampler only (the published nucleus estimator)."""
-
-    sampling: SamplingConfig = field(default_factory=lambda: SamplingConfig(top_p=0.9))
-    baseline: str = "rloo"  # rloo | running_mean | none
-    reward_scaling: str = "whiten"  # whiten | max_abs | none
-    ce_weight: float = 1.0  # 0 skips the labelled forward pass
-    pg_weight: float = 0.1  # policy-gradient weight
-    guards: bool = True
-
-
-@dataclass
-class PPOConfig:
-    """PPO, the paper's actor-critic baseline (TRL's former seq2seq defaults, the values in
-    qeebm/methods/rl.py). One optimiser step of the loop is one rollout of ``optim.batch_size`` source-only
-    sentences x ``sampling.num_samples``, followed by ``epochs`` x ``minibatches`` optimiser updates over it;
-    the published batch 20 / minibatch 4 / 2 epochs is ``optim.batch_size: 20``,
-    ``ppo.minibatches: 5``, ``ppo.epochs: 2``. The learning-rate schedule advances once per rollout.
-
-    Rollouts stop at </s>, ancestral sampling (TRL: top_k 0, top_p 1; other values are refused, a
-    truncated sampler's probabilities are not the policy's), ``temperature`` applied to every
-    log-prob. Reward: the QE score with guard hits penalised (``guards.penalty_unit``) at the last
-    token, -kl_coef * (log p - log p_ref) at every token; the reference is the initial model (LoRA:
-    the adapter disabled). ``adaptive_kl``: Ziegler et al.'s controller towards ``kl_target`` over
-    ``kl_horizon`` samples, else kl_coef stays ``init_kl_coef``. Losses: clipped surrogate (``clip``)
-    + ``value_coef`` * clipped value loss (``value_clip``) [+ ``ce_weight`` * CE on the labelled batch,
-    off as published]. ``disable_dropout``: every PPO forward runs without dropout, so the first
-    update's probability ratios are exactly 1.
-
-    ``critic``: "detached" (default) trains the value head on the decoder's last hidden states with
-    no gradient into the translator; "shared" is TRL's head, whose loss also trains the decoder. The
-    head's output starts at 0. ``value_warmup_steps``: for the first so many optimiser steps only the
-    value loss trains (the policy term has weight 0)."""
-
-    sampling: SamplingConfig = field(default_factory=lambda: SamplingConfig(num_samples=1))
-    epochs: int = 2
-    minibatches: int = 5
-    critic: str = "detached"  # detached | shared
-    value_warmup_steps: int = 0
-    init_kl_coef: float = 0.2
-    adaptive_kl: bool = True
-    kl_target: float = 6.0
-    kl_horizon: int = 10000
-    gamma: float = 1.0
-    lam: float = 0.95
-    clip: float = 0.2
-    value_clip: float = 0.2
-    value_coef: float = 0.1
-    whiten_advantages: bool = True
-    disable_dropout: bool = True
-    ce_weight: float = 0.0  # on the labelled batch
-    guards: bool = True
-
-
-@dataclass
-class GRPOConfig:
-    """GRPO (Shao et al. 2024, DeepSeekMath), a critic-free PPO: ``sampling.num_samples`` (G) samples
-    of each source-only sentence (ancestral; top-k/top-p are refused, as PPO's, since the ratios and
-    the KL need the probabilities the sampler drew with; ``temperature`` applied to every log-prob),
-    reward = QE score with guard hits penalised (``guards.penalty_unit``), and each sample's advantage
-    its reward minus its group's mean, divided by (std + 1e-4) of the group (``scale_rewards:
-    group``, published), of the whole step (``batch``) or by nothing (``none``). Then ``epochs``
-    optimiser updates over the rollout, each on pg_weight x (clipped surrogate (``clip``) with the
-    probability ratio against the rollout's log-probs + ``kl_coef`` x the k3 KL estimate to the
-    initial model, per token) [+ ``ce_weight`` x CE on the labelled batch]. With ``epochs: 1`` the ratio
-    is exactly 1 and the update is the policy gradient; ``kl_coef: 0`` loads no reference. Every
-    forward runs without dropout.
-
-    ``loss_type`` sums the per-token losses (qeebm/methods/rl.py, ``GRPO_LOSS_TYPES``): ``grpo`` (each
-    sample's token mean, then the mean over the step's samples, published), ``dapo`` (the mean over
-    the step's tokens) or ``dr_grpo`` (the sum over the step's samples x ``sampling.max_new_tokens``).
-    Dr. GRPO is ``loss_type: dr_grpo`` with ``scale_rewards: none``."""
-
-    sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    epochs: int = 1
-    clip: float = 0.2
-    kl_coef: float = 0.04
-    scale_rewards: str = "group"  # group | batch | none
-    loss_type: str = "grpo"  # grpo | dapo | dr_grpo
-    ce_weight: float = 1.0  # on the labelled batch; 0 skips its forward pass
-    pg_weight: float = 1.0  # weight of the GRPO loss (surrogate and KL together)
-    guards: bool = True
-
-
-@dataclass
-class CandidatesConfig:
-    """The candidates a teacher writes for each source, shared by QE finetuning and preference
-    optimisation: ``num_candidates`` of them, "beam" (the N best of a beam of max(``num_beams``, N))
-    or "sample" (``temperature``, ``top_k``, ``top_p``, ``epsilon``), at most ``max_new_tokens``
-    long; the teacher is refreshed with the translator every ``refresh_every`` steps (0: never)."""
-
-    num_candidates: int = 8
-    candidates: str = "beam"  # beam | sample
-    num_beams: int = 1
-    max_new_tokens: int = 50
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    epsilon: float = 0.0
-    refresh_every: int = 0
-
-
-@dataclass
-class QeFinetuneConfig(CandidatesConfig):
-    """QE finetuning (Finkelstein & Freitag 2023, "MBR and QE Finetuning"): loss = ce_weight * CE(labelled
-    batch) + distill_weight * CE(source-only batch, each source's selected pseudo-target), both label-smoothed
-    token means like SFT's.
-
-    A pseudo-target is the best of ``num_candidates`` translations of the source by the *teacher*: the
-    translator as it was at the latest refresh, every ``refresh_every`` optimiser steps (0: never, so
-    the teacher stays the initial model, as in the paper's offline QE-finetuning data).
-    ``candidates``: "beam" (the N best of a beam of max(``num_beams``, N); N = 1 with num_beams 1 is
-    greedy) or "sample" (``temperature``, ``top_k``, ``top_p``, ``epsilon``: epsilon sampling).
-    ``selection``: "rerank" (the candidate with the highest score of the QE at ``qe.path``, or of
-    ``reward.terms``; a reference-based one reads the pool's references) or "mbr" (the highest
-    expected ``utility`` with the candidates as pseudo-references: "chrf" = chrF++, or a
-    reference-based COMET checkpoint)."""
-
-    selection: str = "rerank"  # rerank | mbr
-    utility: str = "chrf"  # mbr: chrf, or a reference-based COMET directory / hub id
-    ce_weight: float = 1.0  # on the labelled batch; 0 skips its forward pass
-    distill_weight: float = 1.0  # CE weight on the selected pseudo-targets
-
-
-@dataclass
-class PreferenceConfig(CandidatesConfig):
-    """Preference optimisation on QE-ranked candidates, ``method: dpo`` (Rafailov et al. 2023) or
-    ``method: cpo`` (Xu et al. 2024, ALMA-R): loss = ce_weight * CE(labelled batch) + the preference loss
-    (a mean over the step's pairs) + nll_weight * NLL(chosen translations) (a token mean).
-
-    Each source of the ``pool`` ("mono": the source-only pool, ``data.mono``, as the other QE-trained
-    methods; "labelled": the labelled batch's sources; "both") gets ``num_candidates`` translations by
-    the *teacher*, the translator as it was at the latest refresh, every ``refresh_every`` steps (0:
-    never: the initial model, offline preference data, as DPO and ALMA-R use). ``candidates``: "beam"
-    (the N best of a beam of max(``num_beams``, N)) or "sample" (``temperature``, ``top_k``, ``top_p``,
-    ``epsilon``). ``include_reference``: a labelled source's reference joins its candidates (CPO's
-    triplets: reference and system outputs ranked together). The QE at ``qe.path`` (or
-    ``reward.terms``) scores every candidate; chosen = the best that trips no guard (``guards``,
-    qeebm/guards.py, when ``guards`` is true), rejected = the worst, a guard-tripping candidate
-    ranking below every clean one.
-
-    ``beta``: DPO's and CPO's own name for the scale of the implicit reward inside the sigmoid, loss
-    = -log sigmoid(beta * margin), margin = the chosen's minus the rejected's log pi/pi_ref (DPO) or
-    log pi (CPO), summed over tokens. It is not a loss weight: the loss flattens once beta * margin is
-    a few units, so a larger beta stops the translator nearer its reference model (DPO: the KL
-    coefficient of the objective it solves) or at a smaller margin (CPO); the gradient of a fresh
-    pair is beta / 2 times that of its margin. ``nll_weight``: the NLL of the chosen translations
-    (CPO's term; None: the method's own, 1.0 for CPO as published and 0 for DPO, where a positive
-    weight gives RPO, Pang et al. 2024). ``reference`` (DPO): "initial", the starting translator
-    (DPO's own), or "teacher", the teacher as last refreshed, which with ``refresh_every`` > 0 makes
-    iterative DPO: each round's reference is the policy that wrote its candidates.
-    ``ce_weight``: the labelled CE's, as every method keeps it; 0 skips its forward pass."""
-
-    candidates: str = "sample"
-    pool: str = "mono"  # mono | labelled | both
-    include_reference: bool = False
-    beta: float = 0.1
-    ce_weight: float = 1.0
-    nll_weight: Optional[float] = None
-    reference: str = "initial"  # initial | teacher (DPO)
-    guards: bool = True
-
-
-@dataclass
 class RewardTerm:
     """One named part of a composite reward: ``path`` is a QE or metric the toolkit loads (a
     CometKiwi-style directory or hub id, a reference-based COMET or XCOMET) or ``chrf`` (sentence
@@ -555,8 +331,61 @@ class RewardConfig:
     terms: list[RewardTerm] = field(default_factory=list)
 
 
+# ----------------------------------------------------------------------------------------------
+# Method sections: a method's settings live beside its code (``qeebm/methods/<name>.py``), each
+# dataclass registered under its section name by ``method_section``.
+
+
+@dataclass(frozen=True)
+class MethodSection:
+    """A method's config section: its dataclass, the string keys with a fixed set of values
+    (``choices``, keyed inside the section), keys that had another name (``renamed``: old -> new,
+    read with a deprecation line), and whether run configs saved before it existed lack it
+    (``added``: such a config resumes as if it held the section's defaults)."""
+
+    settings: type
+    choices: dict[str, tuple[str, ...]]
+    renamed: dict[str, str]
+    added: bool
+
+
+_METHOD_SECTIONS: dict[str, MethodSection] = {}
+
+
+def method_section(name: str, *, choices: dict | None = None, renamed: dict | None = None, added: bool = False):
+    """Class decorator: the dataclass becomes the config section ``name`` (``cfg.<name>``, the
+    YAML's ``<name>:`` mapping), with its defaults, types and checks like every other section."""
+
+    def register(cls: type) -> type:
+        known = _METHOD_SECTIONS.get(name)
+        if name in _CORE_KEYS or (known is not None and known.settings.__qualname__ != cls.__qualname__):
+            raise QeebmError(f"config section '{name}' is defined twice ({cls.__qualname__})")
+        _METHOD_SECTIONS[name] = MethodSection(cls, dict(choices or {}), dict(renamed or {}), added)
+        return cls
+
+    return register
+
+
+def method_sections() -> dict[str, MethodSection]:
+    """Every method's section, in the order of the methods package's modules. The methods package
+    sits above this module, so it is looked up by name when a config is first built, as a plugin
+    is, and never imported at module level (tests/unit/test_layers.py)."""
+    methods = importlib.import_module("qeebm.methods")
+    if not hasattr(methods, "METHODS"):
+        raise RuntimeError("a Config was built while qeebm.methods was being imported: build it inside a function")
+    return _METHOD_SECTIONS
+
+
+def _section_defaults() -> dict[str, Any]:
+    return {name: section.settings() for name, section in method_sections().items()}
+
+
 @dataclass
 class Config:
+    """A run's whole configuration. The method sections (``cfg.qe_ebm``, ``cfg.reinforce``, ...)
+    are attributes too, kept in ``sections``; in YAML and in ``to_dict`` they sit at the top level
+    like the others."""
+
     method: str = "sft"
     seed: int = 42
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -567,15 +396,21 @@ class Config:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
     qe: QEConfig = field(default_factory=QEConfig)
-    qe_ebm: QeEbmConfig = field(default_factory=QeEbmConfig)
-    reinforce: ReinforceConfig = field(default_factory=ReinforceConfig)
-    ppo: PPOConfig = field(default_factory=PPOConfig)
-    grpo: GRPOConfig = field(default_factory=GRPOConfig)
-    qe_finetune: QeFinetuneConfig = field(default_factory=QeFinetuneConfig)
-    preference: PreferenceConfig = field(default_factory=PreferenceConfig)
+    sections: dict[str, Any] = field(default_factory=_section_defaults)
     # Reward-hacking guards (qeebm/guards.py) for the methods that switch them on.
     guards: GuardConfig = field(default_factory=GuardConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached when ordinary lookup fails: a method section, or a real AttributeError.
+        sections = self.__dict__.get("sections")
+        if sections is not None and name in sections:
+            return sections[name]
+        raise AttributeError(f"config has no key or section '{name}'")
+
+
+# The top-level keys that are not method sections.
+_CORE_KEYS = frozenset(f.name for f in dataclasses.fields(Config)) - {"sections"}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -642,9 +477,16 @@ def _build(cls: type, values: dict, prefix: str = "") -> Any:
     types_ = _field_types(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     kwargs = {}
+    if cls is Config:
+        del types_["sections"]
+        sections = method_sections()
+        kwargs["sections"] = {name: _coerce(values.get(name, {}), section.settings, name)
+                              for name, section in sections.items()}
+        values = {k: v for k, v in values.items() if k not in sections}
     for key, value in values.items():
         if key not in types_:
-            raise QeebmError(f"unknown config key '{prefix}{key}'{_closest(key, list(types_), prefix)}")
+            options = list(types_) + (list(kwargs["sections"]) if cls is Config else [])
+            raise QeebmError(f"unknown config key '{prefix}{key}'{_closest(key, options, prefix)}")
         factory = fields[key].default_factory
         if isinstance(value, dict) and dataclasses.is_dataclass(types_[key]) and factory is not dataclasses.MISSING:
             # A section's own defaults (REINFORCE's top_p 0.9 in reinforce.sampling) survive setting
@@ -680,16 +522,22 @@ def parse_override(item: str) -> dict:
 
 
 CORPUS_FORMATS = ("auto", "tsv", "jsonl", "text", "hf")
-# The method sections with a ``sampling`` field (SamplingConfig), read from the dataclasses so that a new
-# method's section needs no entry here.
-SAMPLING_SECTIONS = tuple(f.name for f in dataclasses.fields(Config) if dataclasses.is_dataclass(f.default_factory)
-                          and "sampling" in {g.name for g in dataclasses.fields(f.default_factory)})
+
+
+def sampling_sections() -> tuple[str, ...]:
+    """The method sections with a ``sampling`` field (SamplingConfig): the methods that draw their
+    own samples."""
+    return tuple(name for name, section in method_sections().items()
+                 if "sampling" in {f.name for f in dataclasses.fields(section.settings)})
+
+
 # "inverse-cdf": one uniform per row and a search of the cumulative probabilities (the default);
 # "multinomial": transformers' own sampling, torch.multinomial, which draws one exponential per
 # vocabulary entry and row at every step (the toolkit's sampler before version 0.2.0 (CHANGELOG.md):
 # it reproduces runs made with it exactly, and it was half of a tiny-world rollout).
 SAMPLERS = ("inverse-cdf", "multinomial")
-# String fields with a fixed set of values; checked after the types so the message can list them.
+# String fields with a fixed set of values, checked after the types so the message can list them
+# (a method section's are its ``method_section(choices=...)``).
 CHOICES = {
     "data.on_error": ("fail", "skip"),
     "model.bottleneck.kind": ("seq_bn", "seq_bn_inv", "double_seq_bn"),
@@ -698,26 +546,22 @@ CHOICES = {
     "eval.mode": ("max", "min"),
     "qe.mode": ("static", "dynamic"),
     "qe.loss": ("nce", "rank-nce", "margin"),
-    "qe_ebm.estimator": ("st", "softmax", "gumbel-st", "reinmax", "loo-cv"),
-    "qe_ebm.weighting": ("absolute", "relative"),
-    "reinforce.baseline": ("rloo", "running_mean", "none"),
-    "reinforce.reward_scaling": ("whiten", "max_abs", "none"),
-    "ppo.critic": ("detached", "shared"),
-    "grpo.scale_rewards": ("group", "batch", "none"),
-    "grpo.loss_type": ("grpo", "dapo", "dr_grpo"),
-    "qe_finetune.candidates": ("beam", "sample"),
-    "qe_finetune.selection": ("rerank", "mbr"),
-    "preference.pool": ("mono", "labelled", "both"),
-    "preference.candidates": ("beam", "sample"),
-    "preference.reference": ("initial", "teacher"),
     "generation.sampler": SAMPLERS,
-    **{f"{section}.sampling.sampler": SAMPLERS for section in SAMPLING_SECTIONS},
     **{f"data.{split}.format": CORPUS_FORMATS for split in SPLIT_FILES},
 }
 
 
+def choices() -> dict[str, tuple[str, ...]]:
+    """``CHOICES`` and every method section's own, by dotted key."""
+    out = dict(CHOICES)
+    for name, section in method_sections().items():
+        out |= {f"{name}.{key}": allowed for key, allowed in section.choices.items()}
+    out |= {f"{name}.sampling.sampler": SAMPLERS for name in sampling_sections()}
+    return out
+
+
 def _check_choices(cfg: Config) -> None:
-    for key, allowed in CHOICES.items():
+    for key, allowed in choices().items():
         node: Any = cfg
         for part in key.split("."):
             node = getattr(node, part)
@@ -727,25 +571,22 @@ def _check_choices(cfg: Config) -> None:
 
 # The sampling keys lived flat in each method's section before ``<method>.sampling`` gathered them.
 _SAMPLING_KEYS = tuple(f.name for f in dataclasses.fields(SamplingConfig))
-# Keys with a new name: (section, old, new). A weight is named for what it weighs: the paper's
-# alpha and beta (QE-EBM's CE and energy weights) read as its symbols in docs and logs
-# (qe-ebm/alpha, qe-ebm/beta), but "beta" is also DPO's scale, Adam's betas and chrF's recall
-# weight, and "alpha" LoRA's scale.
-RENAMED_KEYS = (("reinforce", "beta", "pg_weight"), ("qe_finetune", "beta", "distill_weight"),
-                ("qe_ebm", "relaxation", "estimator"),
-                ("qe_ebm", "beta_max", "energy_weight"), ("qe_ebm", "beta_ramp_steps", "energy_ramp_steps"),
-                ("qe_ebm", "alpha_coupling", "ce_coupling"),
-                *((section, "alpha", "ce_weight") for section in
-                  ("qe_ebm", "reinforce", "ppo", "grpo", "qe_finetune", "preference")))
+# Keys with a new name are given by their section (``method_section(renamed=...)``). A weight is
+# named for what it weighs: the paper's alpha and beta (QE-EBM's CE and energy weights) read as its
+# symbols in docs and logs (qe-ebm/alpha, qe-ebm/beta), but "beta" is also DPO's scale, Adam's betas
+# and chrF's recall weight, and "alpha" LoRA's scale.
+def renamed_keys() -> list[tuple[str, str, str]]:
+    """(section, old, new) for every renamed key."""
+    return [(name, old, new) for name, section in method_sections().items() for old, new in section.renamed.items()]
 
 
 def upgrade_keys(values: dict, warn: bool = True) -> dict:
     """``values`` with older key names read as today's, one deprecation line each when ``warn``:
     the flat sampling keys (``reinforce.top_p``) moved to their section
-    (``reinforce.sampling.top_p``), and the renamed weights (``RENAMED_KEYS``). Both forms at once
+    (``reinforce.sampling.top_p``), and the renamed keys (``renamed_keys``). Both forms at once
     is an error. Saved run configs go through this too, so an old run directory still resumes."""
     out = dict(values)
-    for section, old, new in RENAMED_KEYS:
+    for section, old, new in renamed_keys():
         node = out.get(section)
         if not isinstance(node, dict) or old not in node:
             continue
@@ -757,7 +598,7 @@ def upgrade_keys(values: dict, warn: bool = True) -> dict:
         if warn:
             LOG.warning("config key '%s.%s' is now '%s.%s'; the old name still works for now", section, old,
                         section, new)
-    for section in SAMPLING_SECTIONS:
+    for section in sampling_sections():
         node = out.get(section)
         if not isinstance(node, dict) or not any(k in node for k in _SAMPLING_KEYS):
             continue
@@ -778,17 +619,19 @@ def upgrade_keys(values: dict, warn: bool = True) -> dict:
     return out
 
 
-# Sections added after run directories were saved, whose absence meant what their defaults mean: a
-# saved run config without one resumes as if it held them (no bottleneck adapters, GRPO's defaults).
-ADDED_SECTIONS = ("model.bottleneck", "grpo", "reward")
+def added_sections() -> tuple[str, ...]:
+    """Sections added after run directories were saved, whose absence meant what their defaults
+    mean: a saved run config without one resumes as if it held them (no bottleneck adapters, no
+    reward terms, and each method section registered with ``added=True``)."""
+    return ("model.bottleneck", "reward", *(name for name, s in method_sections().items() if s.added))
 
 
 def saved_added_sections(values: dict) -> dict:
-    """A run directory's saved config with each of ``ADDED_SECTIONS`` it lacks filled in with the
+    """A run directory's saved config with each of ``added_sections()`` it lacks filled in with the
     defaults. Only for saved configs, as ``saved_sampler_defaults``."""
     out = copy.deepcopy(values)
     defaults = to_dict(Config())
-    for key in ADDED_SECTIONS:
+    for key in added_sections():
         *parents, last = key.split(".")
         node, default = out, defaults
         for part in parents:
@@ -804,7 +647,7 @@ def saved_sampler_defaults(values: dict) -> dict:
     today's default is then refused naming them, and ``...sampler=multinomial`` overrides resume it
     exactly. Only for saved configs: a recipe without the key means the default."""
     out = copy.deepcopy(values)
-    for section, path in [("generation", ()), *((s, ("sampling",)) for s in SAMPLING_SECTIONS)]:
+    for section, path in [("generation", ()), *((s, ("sampling",)) for s in sampling_sections())]:
         node = out.get(section)
         for key in path:
             node = node.get(key) if isinstance(node, dict) else None
@@ -873,7 +716,11 @@ def to_dict(cfg: Any) -> dict:
             return {k: plain(x) for k, x in v.items()}
         return v
 
-    return plain(dataclasses.asdict(cfg))
+    out = plain(dataclasses.asdict(cfg))
+    if isinstance(cfg, Config):  # the method sections at the top level, where YAML has them
+        out = {k: v for key, value in out.items()
+               for k, v in (value.items() if key == "sections" else [(key, value)])}
+    return out
 
 
 def flat_dict(d: dict, prefix: str = "") -> dict:

@@ -69,7 +69,7 @@ def metric_spec_from_args(args) -> MetricSpec:
     spec = MetricSpec.tinyworld(args.tinyworld) if args.tinyworld else MetricSpec()
     for name in QE_METRICS:
         if getattr(args, name):
-            setattr(spec, name, getattr(args, name))
+            spec.models[name] = getattr(args, name)
     spec.judges = {**spec.judges, **_parse_judges(args.judge or [])}
     if args.no_neural:
         if args.metrics:

@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 # ----------------------------------------------------------------------------------------------
 # Which metrics, with which models
 
-QE_METRICS = ("comet", "kiwi", "xcomet")
+QE_METRICS = tuple(DEFAULT_MODELS)
 DEFAULT_QE_BATCH_SIZE = 16  # comet-score's
 PRECISIONS = ("fp16", "fp32")
 # Methods whose reward or energy is the QE named by the config key qe.path (or reward.terms).
@@ -60,19 +60,18 @@ _RESERVED = frozenset(SACREBLEU_METRICS + QE_METRICS + ("src", "ref", "hyp", "ju
 class MetricSpec:
     """Which metrics ``evaluate_system`` computes, and with which models.
 
-    ``metrics``: names among bleu, chrf, ter, comet, kiwi, xcomet and the judges' names ("judges"
-    stands for all of them). None: the sacrebleu three, every COMET-family metric that has a model
-    and every judge. ``comet`` / ``kiwi`` / ``xcomet``: a hub id or a local comet directory (None: no
-    such metric). ``judges``: name -> model, for quality estimators the system never saw in
-    training. ``batch_sizes``: by metric name ("judge" covers every judge without its own entry).
+    ``metrics``: names among bleu, chrf, ter, the built-in neural metrics (comet, kiwi, xcomet:
+    ``qeebm.metrics.registry.DEFAULT_MODELS``) and the judges' names ("judges" stands for all of
+    them). None: the sacrebleu three, every neural metric that has a model and every judge.
+    ``models``: built-in metric -> a hub id or a local comet directory (None or absent: no such
+    metric); the hub defaults when not given. ``judges``: name -> model, for quality estimators the
+    system never saw in training. ``batch_sizes``: by metric name ("judge" covers every judge without its own entry).
     ``precision``: "fp16" as comet-score, or "fp32". ``device``: None takes CUDA when present.
     ``bleu_tokenize``: sacrebleu's BLEU tokenizer; None takes sacrebleu's default for the target
     language (qeebm.metrics.sacrebleu.bleu_tokenizer: zh, ja-mecab, ko-mecab, else 13a)."""
 
     metrics: Optional[Sequence[str]] = None
-    comet: Optional[str] = DEFAULT_MODELS["comet"]
-    kiwi: Optional[str] = DEFAULT_MODELS["kiwi"]
-    xcomet: Optional[str] = DEFAULT_MODELS["xcomet"]
+    models: dict = field(default_factory=lambda: dict(DEFAULT_MODELS))
     judges: dict = field(default_factory=dict)
     batch_sizes: dict = field(default_factory=dict)
     precision: str = "fp16"
@@ -83,11 +82,11 @@ class MetricSpec:
     def tinyworld(cls, world: Union[str, Path], **overrides) -> "MetricSpec":
         """The tiny world's estimators: comet = qe/comet, kiwi = qe/kiwi, judge = qe/judge (a
         reference-based COMET of another seed, size and data shard). It has no XCOMET, so there is
-        none unless ``xcomet=`` names one."""
+        none unless ``xcomet=`` names one (any built-in metric's keyword sets its model)."""
         qe = Path(world) / "qe"
-        values = dict(comet=str(qe / "comet"), kiwi=str(qe / "kiwi"), xcomet=None,
-                      judges={"judge": str(qe / "judge")})
-        return cls(**(values | overrides))
+        models = {"comet": str(qe / "comet"), "kiwi": str(qe / "kiwi")}
+        models |= {name: overrides.pop(name) for name in QE_METRICS if name in overrides}
+        return cls(models=models, judges={"judge": str(qe / "judge")}, **overrides)
 
     @classmethod
     def sacrebleu_only(cls) -> "MetricSpec":
@@ -95,7 +94,11 @@ class MetricSpec:
 
     def qe_models(self) -> dict[str, str]:
         """Every neural metric that has a model, in scoring order: name -> hub id or directory."""
-        models = {name: str(getattr(self, name)) for name in QE_METRICS if getattr(self, name)}
+        unknown = sorted(set(self.models) - set(QE_METRICS))
+        if unknown:
+            raise QeebmError(f"MetricSpec.models: {', '.join(unknown)} is no built-in metric ({', '.join(QE_METRICS)}); "
+                             f"another model is a judge")
+        models = {name: str(self.models[name]) for name in QE_METRICS if self.models.get(name)}
         for name, model in self.judges.items():
             if not isinstance(name, str) or not JUDGE_NAME.match(name) or name in _RESERVED:
                 raise QeebmError(f"judge name {name!r} is not allowed: use a word (letters, digits, _ . -) "

@@ -203,7 +203,7 @@ def _evaluate_worker(jobs: list[tuple], world: str, own_process: bool = True) ->
 def selection_of(rule: str | None, spec):
     if rule is None:
         return None
-    return Selection("rerank", spec.kiwi) if rule == "rerank" else Selection("mbr")
+    return Selection("rerank", spec.models["kiwi"]) if rule == "rerank" else Selection("mbr")
 
 
 def best_system(run_dirs: dict) -> str:

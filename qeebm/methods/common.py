@@ -8,6 +8,7 @@ import contextlib
 import copy
 import dataclasses
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -22,6 +23,24 @@ from qeebm.methods.rl import penalised_rewards
 from qeebm.qe.scoring import QEScorer
 from qeebm.translation.qad import CHRF, ChrfScorer, generate_candidates
 from qeebm.translation.translator import eval_mode
+
+
+@dataclass
+class CandidatesConfig:
+    """The candidates a teacher writes for each source, shared by QE finetuning and preference
+    optimisation: ``num_candidates`` of them, "beam" (the N best of a beam of max(``num_beams``, N))
+    or "sample" (``temperature``, ``top_k``, ``top_p``, ``epsilon``), at most ``max_new_tokens``
+    long; the teacher is refreshed with the translator every ``refresh_every`` steps (0: never)."""
+
+    num_candidates: int = 8
+    candidates: str = "beam"  # beam | sample
+    num_beams: int = 1
+    max_new_tokens: int = 50
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    epsilon: float = 0.0
+    refresh_every: int = 0
 
 log = logging.getLogger(__name__)
 

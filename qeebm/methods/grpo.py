@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from qeebm.config import Config
+from qeebm.config import Config, SamplingConfig, method_section
 from qeebm.errors import QeebmError
 from qeebm.guards import GuardResult, hit_rates
 from qeebm.methods.base import Batch, Method, StepOutput
@@ -42,6 +42,38 @@ from qeebm.methods.common import (
 from qeebm.methods.rl import group_advantages, grpo_loss
 from qeebm.methods.sampling import Samples, mono_sources, replay, sample, sampling_config
 from qeebm.translation.translator import eval_mode
+
+
+@method_section("grpo", choices={"scale_rewards": ("group", "batch", "none"), "loss_type": ("grpo", "dapo", "dr_grpo")},
+                renamed={"alpha": "ce_weight"}, added=True)
+@dataclass
+class GRPOConfig:
+    """GRPO (Shao et al. 2024, DeepSeekMath), a critic-free PPO: ``sampling.num_samples`` (G) samples
+    of each source-only sentence (ancestral; top-k/top-p are refused, as PPO's, since the ratios and
+    the KL need the probabilities the sampler drew with; ``temperature`` applied to every log-prob),
+    reward = QE score with guard hits penalised (``guards.penalty_unit``), and each sample's advantage
+    its reward minus its group's mean, divided by (std + 1e-4) of the group (``scale_rewards:
+    group``, published), of the whole step (``batch``) or by nothing (``none``). Then ``epochs``
+    optimiser updates over the rollout, each on pg_weight x (clipped surrogate (``clip``) with the
+    probability ratio against the rollout's log-probs + ``kl_coef`` x the k3 KL estimate to the
+    initial model, per token) [+ ``ce_weight`` x CE on the labelled batch]. With ``epochs: 1`` the ratio
+    is exactly 1 and the update is the policy gradient; ``kl_coef: 0`` loads no reference. Every
+    forward runs without dropout.
+
+    ``loss_type`` sums the per-token losses (qeebm/methods/rl.py, ``GRPO_LOSS_TYPES``): ``grpo`` (each
+    sample's token mean, then the mean over the step's samples, published), ``dapo`` (the mean over
+    the step's tokens) or ``dr_grpo`` (the sum over the step's samples x ``sampling.max_new_tokens``).
+    Dr. GRPO is ``loss_type: dr_grpo`` with ``scale_rewards: none``."""
+
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    epochs: int = 1
+    clip: float = 0.2
+    kl_coef: float = 0.04
+    scale_rewards: str = "group"  # group | batch | none
+    loss_type: str = "grpo"  # grpo | dapo | dr_grpo
+    ce_weight: float = 1.0  # on the labelled batch; 0 skips its forward pass
+    pg_weight: float = 1.0  # weight of the GRPO loss (surrogate and KL together)
+    guards: bool = True
 
 
 @dataclass

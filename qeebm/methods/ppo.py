@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from qeebm.config import Config
+from qeebm.config import Config, SamplingConfig, method_section
 from qeebm.errors import QeebmError
 from qeebm.guards import GuardResult, hit_rates
 from qeebm.methods.base import Batch, Method, StepOutput
@@ -66,6 +66,50 @@ from qeebm.methods.rl import (
 )
 from qeebm.methods.sampling import Samples, mono_sources, replay, sample, sampling_config
 from qeebm.translation.translator import eval_mode
+
+
+@method_section("ppo", choices={"critic": ("detached", "shared")}, renamed={"alpha": "ce_weight"})
+@dataclass
+class PPOConfig:
+    """PPO, the paper's actor-critic baseline (TRL's former seq2seq defaults, the values in
+    qeebm/methods/rl.py). One optimiser step of the loop is one rollout of ``optim.batch_size`` source-only
+    sentences x ``sampling.num_samples``, followed by ``epochs`` x ``minibatches`` optimiser updates over it;
+    the published batch 20 / minibatch 4 / 2 epochs is ``optim.batch_size: 20``,
+    ``ppo.minibatches: 5``, ``ppo.epochs: 2``. The learning-rate schedule advances once per rollout.
+
+    Rollouts stop at </s>, ancestral sampling (TRL: top_k 0, top_p 1; other values are refused, a
+    truncated sampler's probabilities are not the policy's), ``temperature`` applied to every
+    log-prob. Reward: the QE score with guard hits penalised (``guards.penalty_unit``) at the last
+    token, -kl_coef * (log p - log p_ref) at every token; the reference is the initial model (LoRA:
+    the adapter disabled). ``adaptive_kl``: Ziegler et al.'s controller towards ``kl_target`` over
+    ``kl_horizon`` samples, else kl_coef stays ``init_kl_coef``. Losses: clipped surrogate (``clip``)
+    + ``value_coef`` * clipped value loss (``value_clip``) [+ ``ce_weight`` * CE on the labelled batch,
+    off as published]. ``disable_dropout``: every PPO forward runs without dropout, so the first
+    update's probability ratios are exactly 1.
+
+    ``critic``: "detached" (default) trains the value head on the decoder's last hidden states with
+    no gradient into the translator; "shared" is TRL's head, whose loss also trains the decoder. The
+    head's output starts at 0. ``value_warmup_steps``: for the first so many optimiser steps only the
+    value loss trains (the policy term has weight 0)."""
+
+    sampling: SamplingConfig = field(default_factory=lambda: SamplingConfig(num_samples=1))
+    epochs: int = 2
+    minibatches: int = 5
+    critic: str = "detached"  # detached | shared
+    value_warmup_steps: int = 0
+    init_kl_coef: float = 0.2
+    adaptive_kl: bool = True
+    kl_target: float = 6.0
+    kl_horizon: int = 10000
+    gamma: float = 1.0
+    lam: float = 0.95
+    clip: float = 0.2
+    value_clip: float = 0.2
+    value_coef: float = 0.1
+    whiten_advantages: bool = True
+    disable_dropout: bool = True
+    ce_weight: float = 0.0  # on the labelled batch
+    guards: bool = True
 
 
 @dataclass

@@ -40,19 +40,62 @@ TRL 0.23.1). docs/method.md says what differs from TRL and ALMA-R.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
-from qeebm.config import Config, GenerationConfig
+from qeebm.config import Config, GenerationConfig, method_section
 from qeebm.errors import QeebmError
 from qeebm.guards import GuardResult, hit_rates
 from qeebm.methods.base import Batch, Method, StepOutput
-from qeebm.methods.common import InitialPolicy, QEReward, Teacher, check_static_qe, label_smoothed_ce
+from qeebm.methods.common import CandidatesConfig, InitialPolicy, QEReward, Teacher, check_static_qe, label_smoothed_ce
 from qeebm.methods.rl import sequence_logprobs
 from qeebm.methods.sampling import mono_sources
 from qeebm.translation.qad import candidate_generation
 from qeebm.translation.translator import eval_mode
+
+
+@method_section("preference", choices={"pool": ("mono", "labelled", "both"), "candidates": ("beam", "sample"),
+                                      "reference": ("initial", "teacher")},
+                renamed={"alpha": "ce_weight"})
+@dataclass
+class PreferenceConfig(CandidatesConfig):
+    """Preference optimisation on QE-ranked candidates, ``method: dpo`` (Rafailov et al. 2023) or
+    ``method: cpo`` (Xu et al. 2024, ALMA-R): loss = ce_weight * CE(labelled batch) + the preference loss
+    (a mean over the step's pairs) + nll_weight * NLL(chosen translations) (a token mean).
+
+    Each source of the ``pool`` ("mono": the source-only pool, ``data.mono``, as the other QE-trained
+    methods; "labelled": the labelled batch's sources; "both") gets ``num_candidates`` translations by
+    the *teacher*, the translator as it was at the latest refresh, every ``refresh_every`` steps (0:
+    never: the initial model, offline preference data, as DPO and ALMA-R use). ``candidates``: "beam"
+    (the N best of a beam of max(``num_beams``, N)) or "sample" (``temperature``, ``top_k``, ``top_p``,
+    ``epsilon``). ``include_reference``: a labelled source's reference joins its candidates (CPO's
+    triplets: reference and system outputs ranked together). The QE at ``qe.path`` (or
+    ``reward.terms``) scores every candidate; chosen = the best that trips no guard (``guards``,
+    qeebm/guards.py, when ``guards`` is true), rejected = the worst, a guard-tripping candidate
+    ranking below every clean one.
+
+    ``beta``: DPO's and CPO's own name for the scale of the implicit reward inside the sigmoid, loss
+    = -log sigmoid(beta * margin), margin = the chosen's minus the rejected's log pi/pi_ref (DPO) or
+    log pi (CPO), summed over tokens. It is not a loss weight: the loss flattens once beta * margin is
+    a few units, so a larger beta stops the translator nearer its reference model (DPO: the KL
+    coefficient of the objective it solves) or at a smaller margin (CPO); the gradient of a fresh
+    pair is beta / 2 times that of its margin. ``nll_weight``: the NLL of the chosen translations
+    (CPO's term; None: the method's own, 1.0 for CPO as published and 0 for DPO, where a positive
+    weight gives RPO, Pang et al. 2024). ``reference`` (DPO): "initial", the starting translator
+    (DPO's own), or "teacher", the teacher as last refreshed, which with ``refresh_every`` > 0 makes
+    iterative DPO: each round's reference is the policy that wrote its candidates.
+    ``ce_weight``: the labelled CE's, as every method keeps it; 0 skips its forward pass."""
+
+    candidates: str = "sample"
+    pool: str = "mono"  # mono | labelled | both
+    include_reference: bool = False
+    beta: float = 0.1
+    ce_weight: float = 1.0
+    nll_weight: Optional[float] = None
+    reference: str = "initial"  # initial | teacher (DPO)
+    guards: bool = True
 
 # Why a source yields no pair.
 GUARDED, TIE = "guarded", "tie"

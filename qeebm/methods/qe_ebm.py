@@ -42,13 +42,13 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Optional
 
 import torch
 import torch.nn.functional as F
 
-from qeebm.config import Config, QeEbmConfig
+from qeebm.config import Config, SamplingConfig, method_section
 from qeebm.errors import QeebmError
 from qeebm.guards import check, hit_rates
 from qeebm.methods.base import Batch, Method, StepOutput
@@ -61,6 +61,59 @@ from qeebm.qe.dynamic import DynamicQE, heldout_path
 from qeebm.qe.dynamic import check_config as check_qe_config
 from qeebm.qe.energy import load_energy
 from qeebm.translation.translator import eval_mode, output_rows
+
+
+@method_section("qe_ebm", choices={"estimator": ("st", "softmax", "gumbel-st", "reinmax", "loo-cv"),
+                                  "weighting": ("absolute", "relative")},
+                renamed={"relaxation": "estimator", "beta_max": "energy_weight", "beta_ramp_steps": "energy_ramp_steps",
+                         "alpha_coupling": "ce_coupling", "alpha": "ce_weight"})
+@dataclass
+class QeEbmConfig:
+    """QE-EBM on the translator: loss = alpha * CE(labelled) + beta * mean_k E(x, y_k) over a
+    source-only batch (``data.mono``, the same global size as ``optim.batch_size``), E = -QE.
+
+    ``sampling``: K samples per source (``sampling.num_samples``), ancestral by default.
+    ``estimator``: how the QE's gradient reaches the translator (docs/method.md, "Gradient
+    estimators"): through a relaxation of the sampled tokens, "st" (straight-through), "softmax"
+    (expected embedding), "gumbel-st" (straight-through Gumbel-softmax at ``tau``) or "reinmax"
+    (straight-through's forward with ReinMax's second-order backward at ``tau``, Liu et al. 2023);
+    or "loo-cv": the unbiased score-function estimator with a leave-one-out baseline and the QE's
+    gradient at the source's other samples as a control variate, weighted by ``cv_weight`` (None:
+    the variance-minimising weight fitted on the previous step, starting at 1). The old key name
+    ``relaxation`` still works.
+    ``weighting: absolute`` (the published schedule) at optimiser step s (counted from 1):
+    beta = ``energy_weight`` * min(1, s / ``energy_ramp_steps``) (``energy_ramp_steps`` 0: the full weight
+    throughout); alpha = ``ce_weight`` when set, else max(0, 1 - ``ce_coupling`` * beta). alpha and
+    beta are the paper's names, logged as ``qe-ebm/alpha`` and ``qe-ebm/beta``. The defaults are the
+    published ramp: beta reaches 0.001 at step 4000, alpha ends at 0.99.
+
+    ``weighting: relative``: beta is chosen so that the energy's gradient is ``rho`` times the CE's,
+    ramped the same way: beta = rho * min(1, s / energy_ramp_steps) * alpha * |grad CE| / |grad E|, with
+    alpha = ``ce_weight`` when set, else 1. The two gradient norms (over the trainable parameters) are
+    measured on the first micro-batch of every ``rho_every``-th step (1: every step, the exact ratio
+    when there is one micro-batch and one process; averaged over processes) and reused in between.
+    rho = 0.1 means "the energy moves the model a tenth as hard as the supervised loss", whatever
+    the QE's score scale. A measurement costs no extra backward pass: the step's backward reuses the
+    two measured gradients (``diagnostics.with_known_gradient``).
+
+    ``guards`` (off by default, as published): samples that trip a reward-hacking guard
+    (``guards``, qeebm/guards.py: empty, source copy, length ratio, repetition, script) carry no
+    energy, so the gradient cannot follow a QE that overrates them; their rate is logged as
+    ``guard/*``. The RL baselines rank such samples last; a guard has no gradient, so dropping them
+    is what QE-EBM can do with the same test."""
+
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    estimator: str = "st"  # st | softmax | gumbel-st | reinmax | loo-cv
+    tau: float = 1.0
+    cv_weight: Optional[float] = None
+    energy_weight: float = 0.001
+    energy_ramp_steps: int = 4000
+    ce_weight: Optional[float] = None
+    ce_coupling: float = 10.0
+    weighting: str = "absolute"  # absolute | relative
+    rho: float = 0.1
+    rho_every: int = 1
+    guards: bool = False
 
 if TYPE_CHECKING:
     from qeebm.qe.bridge import Alignment

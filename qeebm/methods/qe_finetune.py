@@ -26,13 +26,37 @@ from dataclasses import dataclass, field
 
 import torch
 
-from qeebm.config import Config, GenerationConfig
+from qeebm.config import Config, GenerationConfig, method_section
 from qeebm.errors import QeebmError
 from qeebm.methods import common
 from qeebm.methods.base import Batch, Method, StepOutput
-from qeebm.methods.common import Teacher, label_smoothed_ce
+from qeebm.methods.common import CandidatesConfig, Teacher, label_smoothed_ce
 from qeebm.methods.sampling import mono_sources
 from qeebm.translation.qad import CHRF, Choice, Selection, choose_best
+
+
+@method_section("qe_finetune", choices={"candidates": ("beam", "sample"), "selection": ("rerank", "mbr")},
+                renamed={"beta": "distill_weight", "alpha": "ce_weight"})
+@dataclass
+class QeFinetuneConfig(CandidatesConfig):
+    """QE finetuning (Finkelstein & Freitag 2023, "MBR and QE Finetuning"): loss = ce_weight * CE(labelled
+    batch) + distill_weight * CE(source-only batch, each source's selected pseudo-target), both label-smoothed
+    token means like SFT's.
+
+    A pseudo-target is the best of ``num_candidates`` translations of the source by the *teacher*: the
+    translator as it was at the latest refresh, every ``refresh_every`` optimiser steps (0: never, so
+    the teacher stays the initial model, as in the paper's offline QE-finetuning data).
+    ``candidates``: "beam" (the N best of a beam of max(``num_beams``, N); N = 1 with num_beams 1 is
+    greedy) or "sample" (``temperature``, ``top_k``, ``top_p``, ``epsilon``: epsilon sampling).
+    ``selection``: "rerank" (the candidate with the highest score of the QE at ``qe.path``, or of
+    ``reward.terms``; a reference-based one reads the pool's references) or "mbr" (the highest
+    expected ``utility`` with the candidates as pseudo-references: "chrf" = chrF++, or a
+    reference-based COMET checkpoint)."""
+
+    selection: str = "rerank"  # rerank | mbr
+    utility: str = "chrf"  # mbr: chrf, or a reference-based COMET directory / hub id
+    ce_weight: float = 1.0  # on the labelled batch; 0 skips its forward pass
+    distill_weight: float = 1.0  # CE weight on the selected pseudo-targets
 
 log = logging.getLogger(__name__)
 

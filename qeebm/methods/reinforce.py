@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from qeebm.config import Config
+from qeebm.config import Config, SamplingConfig, method_section
 from qeebm.errors import QeebmError
 from qeebm.guards import GuardResult, hit_rates
 from qeebm.methods.base import Batch, Method, StepOutput
@@ -33,6 +33,34 @@ from qeebm.methods.common import QEReward, check_static_qe, label_smoothed_ce, m
 from qeebm.methods.rl import RunningMeanBaseline, normalise_rewards, policy_gradient_loss, rloo_baseline
 from qeebm.methods.sampling import Samples, mono_sources, replay, sample, sampling_config
 from qeebm.translation.translator import eval_mode
+
+
+@method_section("reinforce", choices={"baseline": ("rloo", "running_mean", "none"),
+                                     "reward_scaling": ("whiten", "max_abs", "none")},
+                renamed={"beta": "pg_weight", "alpha": "ce_weight"})
+@dataclass
+class ReinforceConfig:
+    """REINFORCE, the paper's policy-gradient baseline: ``sampling.num_samples`` (K) samples of each
+    source-only sentence (``data.mono``, global size ``optim.batch_size``), nucleus p=0.9 as
+    published; reward = QE score (``qe.path``, or ``reward.terms``) with the hits of the ``guards`` penalised (when
+    ``guards`` is true; ``guards.penalty_unit``); loss = ce_weight * CE(labelled batch) + pg_weight *
+    policy gradient, both token means over the step; no KL term.
+
+    ``baseline``: "rloo" (default: the mean of the other K-1 samples of the same source, Kool et al.
+    2019, which compares translations of one source with each other), "running_mean" (published: the
+    mean of every earlier step's rewards, shared by every source) or "none". ``reward_scaling``:
+    "whiten" (default: divided by the step's standard deviation, so pg_weight does not depend on the QE's
+    score scale), "max_abs" (published "centred reward scaled to [-1, 1]": divided by the step's
+    largest |reward - baseline|, usually one guard hit's) or "none". Both use the whole optimiser
+    step. The paper does not give the policy gradient's weight. The log-probabilities are taken under the sampling
+    temperature; top_k/top_p truncate the sampler only (the published nucleus estimator)."""
+
+    sampling: SamplingConfig = field(default_factory=lambda: SamplingConfig(top_p=0.9))
+    baseline: str = "rloo"  # rloo | running_mean | none
+    reward_scaling: str = "whiten"  # whiten | max_abs | none
+    ce_weight: float = 1.0  # 0 skips the labelled forward pass
+    pg_weight: float = 0.1  # policy-gradient weight
+    guards: bool = True
 
 
 @dataclass

@@ -4,12 +4,15 @@ table, plot and comparison to read them from."""
 from __future__ import annotations
 
 SACREBLEU_METRICS = ("bleu", "chrf", "ter")
-# The neural metrics' default models on the hub: evaluation, recipes and the CLI's help read them here.
+# The built-in neural metrics (comet-loadable models) and their default models on the hub, in
+# scoring order: evaluation (``MetricSpec.models``), recipes and the CLI's options (``--NAME MODEL``)
+# read them here, so a new one is a line in each of these three tables.
 DEFAULT_MODELS = {
     "comet": "Unbabel/wmt22-comet-da",
     "kiwi": "Unbabel/wmt22-cometkiwi-da",
     "xcomet": "Unbabel/XCOMET-XL",
 }
+DESCRIPTIONS = {"comet": "reference-based COMET", "kiwi": "COMET-Kiwi", "xcomet": "XCOMET"}
 # How hypotheses may have been chosen among candidates (qeebm/translation/qad.py).
 SELECTION_RULES = ("rerank", "mbr")
 # Metrics where a smaller number is better; every other metric is higher-is-better.

@@ -713,7 +713,7 @@ def test_dry_run_metric_names_are_the_evaluation_defaults():
     from qeebm.evaluation.evaluate import MetricSpec
 
     spec = MetricSpec()
-    assert METRICS == {"comet": spec.comet, "kiwi": spec.kiwi, "xcomet": spec.xcomet}
+    assert METRICS == spec.models
 
 
 # ----------------------------------------------------------------------------------------------

@@ -13,10 +13,10 @@ import torch
 from accelerate.utils import set_seed
 from transformers import AutoModelForSeq2SeqLM
 
-from qeebm.config import PPOConfig, load_config
+from qeebm.config import load_config
 from qeebm.methods import common, rl
 from qeebm.methods.base import Batch
-from qeebm.methods.ppo import PPO
+from qeebm.methods.ppo import PPO, PPOConfig
 from qeebm.training.checkpoint import latest_checkpoint, step_dir
 from qeebm.training.loop import train
 from qeebm.translation.translator import Translator

@@ -16,11 +16,10 @@ import torch
 from accelerate.utils import set_seed
 
 import qeebm.qe.bridge
-from qeebm.config import QeEbmConfig
 from qeebm.errors import QeebmError
 from qeebm.methods import METHODS
 from qeebm.methods.diagnostics import term_gradient_stats
-from qeebm.methods.qe_ebm import schedule
+from qeebm.methods.qe_ebm import QeEbmConfig, schedule
 from qeebm.methods.rl import sequence_logprobs
 from qeebm.methods.sampling import sample
 from qeebm.training import checkpoint as ckpt

@@ -155,7 +155,7 @@ def test_two_steps_log_every_term(world, tmp_path, method, score):
         from qeebm.config import GenerationConfig
         from qeebm.evaluation.evaluate import MetricSpec, evaluate_run
 
-        spec = MetricSpec(comet=str(world["comet"]), kiwi=str(world["kiwi"]), xcomet=None, judges={})
+        spec = MetricSpec(models={"comet": str(world["comet"]), "kiwi": str(world["kiwi"])}, judges={})
         report, _ = evaluate_run(tmp_path, test=_test_set(tmp_path, world), metrics=spec,
                                  generation=GenerationConfig(num_beams=1, max_new_tokens=8))
         assert [(t["name"], t["weight"], t["metric"]) for t in report["reward_terms"]] == [("kiwi", 0.5, "kiwi"),
@@ -213,7 +213,7 @@ def test_the_report_records_every_term_and_leaves_them_out_of_the_heldout_judges
     from qeebm.config import to_dict
     from qeebm.evaluation.evaluate import MetricSpec, evaluate_system, infer_reward_terms, infer_trained_on
 
-    spec = MetricSpec(comet=str(world["comet"]), kiwi=str(world["kiwi"]), xcomet=None, judges={})
+    spec = MetricSpec(models={"comet": str(world["comet"]), "kiwi": str(world["kiwi"])}, judges={})
     cfg = to_dict(config(world, tmp_path, "reinforce", terms(("k", world["kiwi"], 0.5), ("c", "chrf", 2.0))))
     found = infer_reward_terms(cfg, spec)
     assert found == [{"name": "k", "path": str(world["kiwi"]), "weight": 0.5, "metric": "kiwi"},

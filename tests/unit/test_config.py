@@ -132,11 +132,11 @@ def test_each_method_keeps_its_own_sampling_defaults():
 
 
 def test_a_saved_config_from_before_a_section_existed_reads_as_its_defaults():
-    from qeebm.config import ADDED_SECTIONS, Config, saved_added_sections, to_dict
+    from qeebm.config import Config, added_sections, saved_added_sections, to_dict
 
     full = to_dict(Config())
     old = copy.deepcopy(full)
-    for key in ADDED_SECTIONS:
+    for key in added_sections():
         *parents, last = key.split(".")
         node = old
         for part in parents:

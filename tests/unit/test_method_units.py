@@ -1,21 +1,27 @@
-"""A method is one unit: its class says its config section, whether it trains against a QE and
-whether it samples; everything else (the evaluation's training-QE flag, the key upgrades of the
+"""A method is one unit: its module declares its config section, its class whether it trains against a
+QE and whether it samples; everything else (the evaluation's training-QE flag, the key upgrades of the
 sampling sections, the recipes) follows from it, checked here."""
 
 from __future__ import annotations
 
 import dataclasses
 
+import pytest
 import yaml
 
-from qeebm.config import SAMPLING_SECTIONS, Config
-from qeebm.evaluation.evaluate import QE_TRAINED_METHODS
+from qeebm import config
+from qeebm.cli import build_parser
+from qeebm.config import Config, method_sections, sampling_sections
+from qeebm.errors import QeebmError
+from qeebm.evaluation.command import metric_spec_from_args
+from qeebm.evaluation.evaluate import QE_METRICS, QE_TRAINED_METHODS, MetricSpec
 from qeebm.methods import METHODS
+from qeebm.metrics.registry import DEFAULT_MODELS, DESCRIPTIONS, LABELS
 from qeebm.utils.resources import CONFIGS
 
 
 def test_each_method_section_is_a_config_section():
-    sections = {f.name for f in dataclasses.fields(Config)}
+    sections = set(method_sections())
     for name, method in METHODS.items():
         assert method.name == name
         assert method.section is None or method.section in sections, (name, method.section)
@@ -25,7 +31,7 @@ def test_the_sampling_sections_are_those_of_the_sampling_methods():
     # A section with a `sampling` subsection is one whose method draws samples of its own.
     sampling = {m.section for m in METHODS.values()
                 if m.section and "sampling" in {f.name for f in dataclasses.fields(getattr(Config(), m.section))}}
-    assert sampling == set(SAMPLING_SECTIONS)
+    assert sampling == set(sampling_sections())
 
 
 def test_trained_on_qe_comes_from_the_method():
@@ -65,3 +71,42 @@ def test_the_listed_positive_control_is_what_its_recipes_train_against():
     systems = demo.default_systems()
     assert {s for s in systems if demo.knows_reference(s)} == set(ORACLE_SYSTEMS)
     assert all(demo.target(s) == (demo.CHRF if s.endswith("-chrf") else demo.ORACLE) for s in ORACLE_SYSTEMS)
+
+
+def test_a_method_section_is_declared_in_its_own_module(monkeypatch):
+    # What a new method's module does: one decorated dataclass, and the config reads, checks,
+    # upgrades and writes its section with no line in qeebm/config.py.
+    monkeypatch.setattr(config, "_METHOD_SECTIONS", dict(config.method_sections()))
+
+    @config.method_section("toy", choices={"mode": ("a", "b")}, renamed={"old": "weight"}, added=True)
+    @dataclasses.dataclass
+    class ToyConfig:
+        weight: float = 1.0
+        mode: str = "a"
+
+    assert config.Config().toy == ToyConfig()
+    cfg = config.load_config(None, ["toy.old=2", "toy.mode=b"])
+    assert cfg.toy == ToyConfig(weight=2.0, mode="b")
+    assert config.to_dict(cfg)["toy"] == {"weight": 2.0, "mode": "b"}
+    assert config.config_from_dict(config.to_dict(cfg)) == cfg
+    assert "toy" in config.added_sections()
+    with pytest.raises(QeebmError, match="'toy.mode' must be one of a, b; got 'c'"):
+        config.load_config(None, ["toy.mode=c"])
+    with pytest.raises(QeebmError, match="unknown config key 'toy.wieght' \\(did you mean 'toy.weight'"):
+        config.load_config(None, ["toy.wieght=1"])
+    with pytest.raises(QeebmError, match="unknown config key 'tyo' \\(did you mean 'toy'"):
+        config.load_config(None, ["tyo.weight=1"])
+    with pytest.raises(QeebmError, match="'qe_ebm' is defined twice"):
+        config.method_section("qe_ebm")(ToyConfig)
+    with pytest.raises(QeebmError, match="'optim' is defined twice"):
+        config.method_section("optim")(ToyConfig)
+
+
+def test_the_builtin_neural_metrics_are_the_registry_s():
+    assert QE_METRICS == tuple(DEFAULT_MODELS) == tuple(MetricSpec().qe_models())
+    assert set(DEFAULT_MODELS) <= set(LABELS) & set(DESCRIPTIONS)
+    args = build_parser().parse_args(["evaluate", *(a for name in DEFAULT_MODELS
+                                                    for a in (f"--{name}", f"m-{name}", f"--{name}-batch-size", "3"))])
+    spec = metric_spec_from_args(args)
+    assert spec.qe_models() == {name: f"m-{name}" for name in DEFAULT_MODELS}
+    assert spec.batch_sizes == dict.fromkeys(DEFAULT_MODELS, 3)
