@@ -44,6 +44,7 @@ from qeebm.config import (
     KIWI_ESTIMATOR_SYSTEMS,
     ORACLE_SYSTEMS,
     SEEDS,
+    SPLIT_FILES,
     SYSTEMS,
     TINYWORLD_DIR,
     data_path_overrides,
@@ -191,10 +192,13 @@ def _evaluate_worker(jobs: list[tuple], world: str, own_process: bool = True) ->
         torch.set_num_threads(1)
 
     spec = MetricSpec.tinyworld(Path(world))
+    # This world's test set, not the run's data.test: a shipped plateau's config names the world it
+    # was trained in, relative to wherever that was.
+    test = Path(world) / "data" / SPLIT_FILES["test"]
     out = []
     for run_dir, system, checkpoint, split, selection in jobs:
         t = time.perf_counter()
-        _, path = evaluate_run(run_dir, metrics=spec, system=system, checkpoint=checkpoint, split=split,
+        _, path = evaluate_run(run_dir, test, metrics=spec, system=system, checkpoint=checkpoint, split=split,
                                selection=selection_of(selection, spec))
         out.append((str(path), time.perf_counter() - t))
     return out

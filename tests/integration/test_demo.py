@@ -7,6 +7,7 @@ import json
 import shutil
 
 import pytest
+import yaml
 
 from qeebm.errors import QeebmError
 from qeebm.experiments import demo
@@ -62,3 +63,20 @@ def test_a_damaged_shipped_plateau_is_refused_naming_the_file(micro_world, plate
     weights.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
     with pytest.raises(QeebmError, match=r"model\.safetensors: differs from its digest"):
         demo.shipped_plateau(micro_world, 42, "nllb", bad)
+
+
+def test_the_demo_evaluates_a_shipped_plateau_on_its_own_world(micro_world, plateau, tmp_path, monkeypatch):
+    # A shipped plateau's config names the world it was trained in by a path relative to wherever
+    # that was; the demo reads the test set of the world it runs in.
+    run, shipped = plateau
+    copied = tmp_path / "plateau"
+    shutil.copytree(shipped, copied)
+    config = yaml.safe_load((copied / "config.yaml").read_text())
+    config["data"]["test"]["path"] = "data/tinyworld/data/test.tsv"  # as the shipped one has it
+    (copied / "config.yaml").write_text(yaml.safe_dump(config))
+    monkeypatch.chdir(tmp_path)
+    [(path, _)] = demo._evaluate_worker([(str(copied), "plateau", "best", "test", None)], str(micro_world),
+                                        own_process=False)
+    report = json.loads(open(path).read())
+    lines = (micro_world / "data" / "test.tsv").read_text(encoding="utf-8").splitlines()[1:]
+    assert report["segments"]["src"] == [line.split("\t")[0] for line in lines]
