@@ -338,6 +338,25 @@ def shipped_plateau(world: Path, seed: int, base: str, shipped: Path | None = No
     return shipped
 
 
+def rebase_world(config_file: Path, world: Path) -> None:
+    """Rewrite a shipped plateau's saved config, which names the default world's files
+    (``data/tinyworld/...``), to name ``world``'s, as a plateau trained in it would: the seeds'
+    plateaus then share one config_id whatever path the world is given by."""
+    prefix = TINYWORLD_DIR + "/"
+
+    def rebase(value):
+        if isinstance(value, dict):
+            return {k: rebase(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [rebase(v) for v in value]
+        if isinstance(value, str) and value.startswith(prefix):
+            return str(world / value[len(prefix):])
+        return value
+
+    config = yaml.safe_load(config_file.read_text(encoding="utf-8"))
+    config_file.write_text(yaml.safe_dump(rebase(config), sort_keys=False, allow_unicode=True), encoding="utf-8")
+
+
 def plateau_done(run_dir: Path) -> bool:
     return (run_dir / "final").is_dir() or (run_dir / "shipped.json").is_file()
 
@@ -389,6 +408,9 @@ def train_plateaus(plateaus: dict, world: Path, b: dict, base: str = "nllb", tra
         shipped = None if train or b["plateau"] != budget(False)["plateau"] else shipped_plateau(world, seed, base)
         if shipped is not None:
             shutil.copytree(shipped, d, dirs_exist_ok=True)
+            for name in ("config.yaml", "config.trained.yaml"):
+                if (d / name).is_file():
+                    rebase_world(d / name, world)
             (d / "shipped.json").write_text(json.dumps({"from": str(shipped)}) + "\n")
             log.info("SFT's plateau for seed %d: the shipped one (%s); --train-plateau trains it", seed, shipped)
             continue

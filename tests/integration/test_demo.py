@@ -80,3 +80,22 @@ def test_the_demo_evaluates_a_shipped_plateau_on_its_own_world(micro_world, plat
     report = json.loads(open(path).read())
     lines = (micro_world / "data" / "test.tsv").read_text(encoding="utf-8").splitlines()[1:]
     assert report["segments"]["src"] == [line.split("\t")[0] for line in lines]
+
+
+def test_a_shipped_plateau_copied_names_the_world_it_runs_in(micro_world, plateau, tmp_path, monkeypatch):
+    # Shipped, the config names the default world (data/tinyworld/...); copied into a demo on another
+    # world, it names that world's files as the seeds' trained plateaus do, so they share a config_id.
+    run, shipped = plateau
+    moved = tmp_path / "shipped"
+    shutil.copytree(shipped, moved)
+    text = (moved / "config.yaml").read_text().replace(str(micro_world), demo.TINYWORLD_DIR)
+    assert demo.TINYWORLD_DIR + "/data/train.tsv" in text
+    (moved / "config.yaml").write_text(text)
+    source = json.loads((moved / "source.json").read_text())
+    source["files"]["config.yaml"] = demo.sha256_file(moved / "config.yaml")
+    (moved / "source.json").write_text(json.dumps(source))
+    monkeypatch.setattr(demo, "SHIPPED_PLATEAU", moved)
+    copied = tmp_path / "plateau"
+    demo.train_plateaus({42: copied}, micro_world, demo.budget(quick=False))
+    assert (copied / "shipped.json").is_file()
+    assert yaml.safe_load((copied / "config.yaml").read_text()) == yaml.safe_load((run / "config.yaml").read_text())
