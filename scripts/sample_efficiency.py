@@ -81,8 +81,16 @@ def main(argv=None) -> int:
 
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     for system, (estimator, points) in measured.items():
-        ax.plot([c / 1000 for c, _, _ in points], [g for _, g, _ in points], marker=".",
-                label=f"{system} ({estimator}, {points[-1][2]} seeds)")
+        # Solid while every seed's run (and SFT continued's) is still going; dotted once patience has
+        # stopped one of them and the mean is over fewer seeds.
+        seeds = max(n for _, _, n in points)
+        full = [p for p in points if p[2] == seeds]
+        line, = ax.plot([c / 1000 for c, _, _ in full], [g for _, g, _ in full], marker=".",
+                        label=f"{system} ({estimator}, {seeds} seeds)")
+        rest = points[len(full) - 1:] if len(full) < len(points) else []
+        if rest:
+            ax.plot([c / 1000 for c, _, _ in rest], [g for _, g, _ in rest], linestyle=":", marker=".",
+                    color=line.get_color())
     ax.axhline(0.0, color="black", linewidth=0.8)
     ax.set_xlabel("QE passes spent (thousands of forward-pass equivalents; a backward counts 2)")
     ax.set_ylabel("dev chrF++ minus SFT continued's")
@@ -100,8 +108,8 @@ def main(argv=None) -> int:
             within = [g for c, g, _ in points if c <= b]
             cells.append(f"{max(within):+.2f}" if within and points[-1][0] >= b else "")
         lines.append(f"| {system} | {estimator} | " + " | ".join(cells) + " |")
-    text = ("Best dev chrF++ gain over SFT continued (mean over seeds) reached within each QE budget; empty "
-            "where the run ended before spending it.\n\n" + "\n".join(lines) + "\n")
+    text = ("Best dev chrF++ gain over SFT continued (mean over the seeds whose runs reached the step) reached "
+            "within each QE budget; empty where the runs ended before spending it.\n\n" + "\n".join(lines) + "\n")
     (out / "sample_efficiency.md").write_text(text, encoding="utf-8")
     print(text)
     print(f"figure: {out / 'sample_efficiency.png'}")
