@@ -10,7 +10,6 @@ of its own, so one process and two draw the same samples (the DDP test)."""
 from __future__ import annotations
 
 import math
-import os
 import subprocess
 import sys
 import zlib
@@ -33,9 +32,9 @@ from qeebm.translation.translator import Translator
 
 from support.runs import (
     REPO,
-    TESTS,
     final_weights,
     finish,
+    launch_env,
     launch_two,
     make_config,
     read_metrics,
@@ -380,11 +379,8 @@ def test_two_processes_follow_one(base, tmp_path):
     args = [*FAST, "optim.max_steps=3", "grpo.epochs=2", "grpo.kl_coef=0.1", "grpo.guards=false", "data.dev.path=",
             "output.save_every=0"]
     script = Path(__file__).resolve()
-    paths = [str(REPO), str(TESTS), os.environ.get("PYTHONPATH", "")]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "PYTHONPATH": os.pathsep.join(paths)}
     one = subprocess.Popen([sys.executable, str(script), str(base), *args, f"output.run_dir={tmp_path / 'one'}"],
-                           cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           cwd=REPO, env=launch_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                            start_new_session=True)
     two = launch_two(base, tmp_path / "two", *args, "optim.grad_accum=2", script=script)
     for name, proc in (("one", one), ("two", two)):

@@ -30,9 +30,10 @@ from support.runs import (
     TESTS,
     assert_only_adapters_trained,
     final_weights,
-    free_port,
+    launch_env,
     make_config,
     read_metrics,
+    two_cpu_processes,
     write_tiny_world,
 )
 
@@ -185,16 +186,12 @@ def test_sft_loss_is_the_per_token_mean_over_the_step(base, tmp_path):
 def test_ddp_parity(base, tmp_path):
     """Two gloo processes, each accumulating two micro-batches of 2, follow the one-process run of
     batch 8 step for step: the same losses, validation and final weights up to float rounding."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "PYTHONPATH": os.pathsep.join([str(REPO), str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    env = launch_env()
     args = [str(base), "optim.max_steps=20", "eval.every=10"]
     script = str(TESTS / "support" / "runs.py")
-    accelerate = Path(sys.executable).with_name("accelerate")
     runs = {
         "one": ([sys.executable, script], {}),
-        "two": ([str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-                 "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
-                 script, "optim.grad_accum=2"], {"ACCELERATE_USE_CPU": "true"}),
+        "two": ([*two_cpu_processes(), script, "optim.grad_accum=2"], {"ACCELERATE_USE_CPU": "true"}),
     }
     procs = {}
     for name, (cmd, extra) in runs.items():

@@ -554,11 +554,9 @@ def test_ddp_processes_hold_the_same_qe(kiwi_world, tmp_path):
     """Two gloo processes in QE-dynamic mode with the loo-cv estimator: after every QE update both
     hold the same QE weights and the same control-variate weight and sums, and the translator's
     final weights come from a run that finished on both."""
-    import os
     import subprocess
-    import sys
 
-    from support.runs import REPO, TESTS, free_port
+    from support.runs import REPO, launch_env, two_cpu_processes
 
     # Relative weighting too: its measurement is all-reduced inside the loss (a collective every
     # process must reach), and the logged gradient diagnostics run beside DDP's own backward.
@@ -574,13 +572,8 @@ def test_ddp_processes_hold_the_same_qe(kiwi_world, tmp_path):
     config.write_text(dump_config(cfg), encoding="utf-8")
     script = tmp_path / "record.py"
     script.write_text(DDP_SCRIPT, encoding="utf-8")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "ACCELERATE_USE_CPU": "true",
-           "PYTHONPATH": os.pathsep.join([str(REPO), str(TESTS), os.environ.get("PYTHONPATH", "")])}
-    accelerate = Path(sys.executable).with_name("accelerate")
-    cmd = [str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-           "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
-           str(script), str(config)]
+    env = {**launch_env(), "ACCELERATE_USE_CPU": "true"}
+    cmd = [*two_cpu_processes(), str(script), str(config)]
     proc = subprocess.run(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stdout[-4000:]

@@ -140,25 +140,39 @@ def launch_two(base: Path, run_dir: Path, *args: str, backend: str = "ddp", scri
     CPU processes: DDP over gloo, or ``backend="deepspeed"`` with recipes/accelerate/deepspeed_zero2.yaml
     (DeepSpeed's CPU accelerator). The launcher gets a process group of its own, so a test can always
     end it."""
-    import os
-    import socket
     import subprocess
 
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "PYTHONPATH": os.pathsep.join([str(REPO), str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    env = launch_env()
     if backend == "deepspeed":
-        launch = ["--config_file", str(REPO / "recipes/accelerate/deepspeed_zero2.yaml"), "--num_processes", "2"]
+        launch = [*LAUNCH, "--config_file", str(REPO / "recipes/accelerate/deepspeed_zero2.yaml"), "--num_processes", "2",
+                  "--main_process_port", str(free_port())]
     else:
-        launch = ["--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
-                  "--dynamo_backend", "no"]
+        launch = two_cpu_processes()
         env["ACCELERATE_USE_CPU"] = "true"
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [str(Path(sys.executable).with_name("accelerate")), "launch", *launch, "--main_process_port", str(port),
-           str(script or Path(__file__).resolve()), str(base), *args, f"output.run_dir={run_dir}"]
+    cmd = [*launch, str(script or Path(__file__).resolve()), str(base), *args, f"output.run_dir={run_dir}"]
     return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
+
+
+# `accelerate launch` as the recipes start it: accelerate's launcher without its CLI, which imports
+# every other subcommand first (2 s of each launch's start here).
+LAUNCH = [sys.executable, "-m", "accelerate.commands.launch"]
+
+
+def two_cpu_processes() -> list[str]:
+    """The launcher for 2 CPU processes under DDP (gloo), on a free port; the command needs
+    ACCELERATE_USE_CPU=true in its environment (``--cpu`` with two processes starts only one)."""
+    return [*LAUNCH, "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
+            "--dynamo_backend", "no", "--main_process_port", str(free_port())]
+
+
+def launch_env() -> dict[str, str]:
+    """A launched run's environment: one thread a process, no hub, and the repository and tests
+    importable."""
+    import os
+
+    return {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+            "PYTHONPATH": os.pathsep.join([str(REPO), str(TESTS), os.environ.get("PYTHONPATH", "")])}
 
 
 def free_port() -> int:
