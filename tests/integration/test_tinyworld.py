@@ -204,16 +204,19 @@ def world_digests(world) -> dict:
 
 
 def test_same_seed_gives_identical_files(micro_world, tmp_path):
-    # Trained weights are bitwise the same only on the same kind of CPU. On the CPU that wrote
-    # tests/golden/micro_world.json the session's build must equal it, which also pins the world
-    # against unintended changes (QEEBM_WRITE_GOLDEN=micro-world writes it again after an intended
-    # one); on another CPU a second build with the same seed must equal the first.
+    # Trained weights are bitwise the same only on the same kind of CPU, so
+    # tests/golden/micro_world.json keeps a manifest per CPU it was written on. On such a CPU the
+    # session's build must equal that CPU's, which also pins the world against unintended changes;
+    # on another CPU a second build with the same seed must equal the first (30 s more).
+    # QEEBM_WRITE_GOLDEN=micro-world writes this CPU's manifest beside the others'; after a change
+    # meant to alter the world, delete the file first, so that no other CPU keeps a stale one.
     got = world_digests(micro_world)
+    stored = json.loads(GOLDEN_WORLD.read_text())["manifests"] if GOLDEN_WORLD.is_file() else {}
     if names_to_write(("micro-world",)):
-        GOLDEN_WORLD.write_text(json.dumps({"cpu": cpu_fingerprint(), "manifest": got}, indent=1, sort_keys=True) + "\n")
-    stored = json.loads(GOLDEN_WORLD.read_text())
-    if stored["cpu"] == cpu_fingerprint():
-        want = stored["manifest"]
+        stored[cpu_fingerprint()] = got
+        GOLDEN_WORLD.write_text(json.dumps({"manifests": stored}, indent=1, sort_keys=True) + "\n")
+    if cpu_fingerprint() in stored:
+        want = stored[cpu_fingerprint()]
     else:
         want = world_digests(build(tmp_path / "again", seed=0, size="micro"))
     assert sum(k.endswith(".ckpt") for k in got["files"]) >= 4 and len(got["files"]) > 40
