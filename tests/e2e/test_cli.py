@@ -1,10 +1,8 @@
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-import yaml
 
 from qeebm.cli import build_parser, main
 
@@ -51,31 +49,6 @@ def test_train_and_translate_on_the_micro_world(micro_world, tmp_path, capsys):
     out = tmp_path / "hyp.txt"
     assert main(["translate", "--model", str(run / "final"), "-i", str(src), "-o", str(out), "--beams", "2", "--max-new-tokens", "8"]) == 0
     assert len(out.read_text(encoding="utf-8").splitlines()) == 2
-
-
-def test_demo_quick_prints_the_method_table_with_selection_rows(micro_world, tmp_path, capsys, monkeypatch):
-    from qeebm.experiments.demo import default_systems, run_demo
-
-    monkeypatch.chdir(tmp_path)
-    # A realistic row and a positive-control one: every system's training is the golden runs' business.
-    systems = ["sft", "qe-ebm-static", "qe-ebm-oracle"]
-    assert set(systems) <= set(default_systems())
-    table = run_demo(world_dir=str(micro_world), quick=True, steps=2, systems=systems)
-    rows = [line.split("|")[1].strip() for line in table.splitlines() if line.startswith("| ") and "seeds" not in line]
-    # Against SFT continued; the plateau every system started from is a row of its own.
-    assert rows[:-2] == ["sft (baseline)", "plateau", *[s for s in systems if s != "sft"]]
-    best = rows[-2][:-len("+rerank")]
-    assert best in systems and rows[-2:] == [f"{best}+rerank", f"{best}+mbr"]
-    assert "Selection among candidates" in table
-    # Every system started from the plateau's best dev-chrF++ checkpoint.
-    out = tmp_path / "runs" / "demo-quick"
-    for name in systems:
-        config = yaml.safe_load((out / name / "config.yaml").read_text(encoding="utf-8"))
-        assert Path(config["model"]["name_or_path"]).resolve() == (out / "plateau" / "best").resolve()
-    # The smoke run keeps out of the full demo's directory, so the full demo does not try to resume it.
-    out = tmp_path / "runs" / "demo-quick"
-    assert (out / "comparison" / "comparison.csv").is_file() and not (tmp_path / "runs" / "demo").exists()
-    assert any((out / "comparison" / "plots").glob("*.png"))
 
 
 NOISE = "pkg_resources is deprecated"

@@ -12,7 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
+from qeebm.experiments.demo import default_systems
 from qeebm.utils import resources
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,6 +49,9 @@ def _run(cmd, cwd, env, timeout=600):
 
 @pytest.mark.slow
 def test_an_installed_package_builds_the_world_and_runs_the_demo_without_the_checkout(micro_world, tmp_path):
+    """``pip install .`` into a folder of its own, then from a directory outside the checkout: the
+    tiny world's build finds the shipped QEs, and the quick demo trains, evaluates, selects and
+    compares, its table against SFT continued with the plateau as a row."""
     # Built from a copy: pip builds in the source tree (build/, *.egg-info), which must not be the checkout.
     src, site, elsewhere = tmp_path / "src", tmp_path / "site", tmp_path / "elsewhere"
     for name in ("pyproject.toml", "README.md"):
@@ -77,9 +82,27 @@ def test_an_installed_package_builds_the_world_and_runs_the_demo_without_the_che
     log = (elsewhere / "world" / "build_log.json").read_text()
     assert '"qe_source": "shipped"' in log and (elsewhere / "world" / "manifest.json").is_file()
 
-    demo = _run([sys.executable, "-m", "qeebm.cli", "demo", "--quick", "--world", str(micro_world), "--systems", "sft",
-                 "--steps", "2"], elsewhere, env)
-    plots = elsewhere / "runs" / "demo-quick" / "comparison" / "plots"
-    assert "| sft (baseline) | 1 |" in demo.stdout and (plots / "forest.png").is_file()
+    # The README's first command in its quick form: a realistic row and a positive-control one
+    # (every system's training is the golden runs' business).
+    systems = ["sft", "qe-ebm-static", "qe-ebm-oracle"]
+    assert set(systems) <= set(default_systems())
+    demo = _run([sys.executable, "-m", "qeebm.cli", "demo", "--quick", "--world", str(micro_world), "--systems",
+                 ",".join(systems), "--steps", "2"], elsewhere, env)
+    kiwi_table, chrf_table = demo.stdout.split("The same runs, checkpoint selected on dev chrF++ instead")
+    rows = [line.split("|")[1].strip() for line in kiwi_table.splitlines() if line.startswith("| ") and "seeds" not in line]
+    # Against SFT continued; the plateau every system started from is a row of its own.
+    assert rows[:-2] == ["sft (baseline)", "plateau", *systems[1:]], demo.stdout
+    best = rows[-2][:-len("+rerank")]
+    assert best in systems and rows[-2:] == [f"{best}+rerank", f"{best}+mbr"]
+    assert "| sft (baseline) | 1 |" in kiwi_table and "Selection among candidates" in kiwi_table
+    assert "| qe-ebm-oracle | 1 |" in chrf_table and "+rerank" not in chrf_table
+    # Every system started from the plateau's best dev-chrF++ checkpoint.
+    out = elsewhere / "runs" / "demo-quick"
+    for name in systems:
+        config = yaml.safe_load((out / name / "config.yaml").read_text(encoding="utf-8"))
+        assert (elsewhere / config["model"]["name_or_path"]).resolve() == (out / "plateau" / "best").resolve()
+    # The smoke run keeps out of the full demo's directory, so the full demo does not try to resume it.
+    assert (out / "comparison" / "comparison.csv").is_file() and not (elsewhere / "runs" / "demo").exists()
+    assert (out / "comparison" / "plots" / "forest.png").is_file()
     # Quiet in the demo's worker processes too (they inherit the entry point's warning filters).
     assert "pkg_resources" not in build.stderr + demo.stderr
