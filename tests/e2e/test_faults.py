@@ -331,18 +331,29 @@ def test_a_step_left_at_a_micro_step_leaves_no_trace_of_its_method_state(kiwi_wo
     assert_same_end(tmp_path / "straight", tmp_path / "run", 4, ("model.pt", "optimizer.pt", "scheduler.pt", "method.pt"))
 
 
+# Dropout on and a linear schedule: a resumed run must restore the RNG states and the schedule too.
+TWO_PROCESS_ARGS = ["optim.max_steps=20", "optim.grad_accum=2", "model.dropout=null", "optim.scheduler=linear",
+                    "optim.warmup_steps=5", "logging.every=1"]
+
+
+@pytest.fixture(scope="module")
+def straight_two(kiwi_world, tmp_path_factory) -> Path:
+    """An uninterrupted two-process run of TWO_PROCESS_ARGS: what every signalled one must end as."""
+    run = tmp_path_factory.mktemp("straight_two") / "run"
+    proc = launch_two(kiwi_world["base"], run, *TWO_PROCESS_ARGS)
+    out = finish(proc, 180)
+    assert proc.returncode == 0, out[-3000:]
+    return run
+
+
 @pytest.mark.slow
-def test_preempted_two_process_run_resumes_exactly(kiwi_world, tmp_path):
+def test_preempted_two_process_run_resumes_exactly(kiwi_world, straight_two, tmp_path):
     """A running two-process job gets SIGUSR1 on every worker (what SLURM does to a job's tasks;
     torchrun starts each worker in a session of its own): the processes agree on the micro-step to
-    stop at (the signals may reach them at different ones), write a checkpoint and exit 0, and so does the launcher; the same command resumes, and the final
-    weights equal an uninterrupted run's."""
-    # Dropout on and a linear schedule: the resumed run must restore RNG states and schedule too.
-    args = ["optim.max_steps=20", "optim.grad_accum=2", "model.dropout=null", "optim.scheduler=linear",
-            "optim.warmup_steps=5", "logging.every=1"]
-    straight = launch_two(kiwi_world["base"], tmp_path / "straight", *args)
+    stop at (the signals may reach them at different ones), write a checkpoint and exit 0, and so
+    does the launcher; the same command resumes, and the run ends as an uninterrupted one."""
     run = tmp_path / "preempted"
-    job = launch_two(kiwi_world["base"], run, *args)
+    job = launch_two(kiwi_world["base"], run, *TWO_PROCESS_ARGS)
     _signal_workers(job, run / "metrics.jsonl", after=2, sig=signal.SIGUSR1)
     out = finish(job, 120)
     assert job.returncode == 0, out[-3000:]
@@ -353,41 +364,34 @@ def test_preempted_two_process_run_resumes_exactly(kiwi_world, tmp_path):
     # Both processes took part in that checkpoint.
     assert {p.name for p in last.glob("rng-*.pt")} == {"rng-0.pt", "rng-1.pt"}
 
-    resumed = launch_two(kiwi_world["base"], run, *args)
-    for proc in (resumed, straight):
-        out = finish(proc, 180)
-        assert proc.returncode == 0, out[-3000:]
+    resumed = launch_two(kiwi_world["base"], run, *TWO_PROCESS_ARGS)
+    out = finish(resumed, 180)
+    assert resumed.returncode == 0, out[-3000:]
     assert f"resuming from {last}" in (run / "train.log").read_text()
-    assert [r["step"] for r in read_metrics(run)] == list(range(1, 21))
-    assert [r["loss"] for r in read_metrics(run)] == [r["loss"] for r in read_metrics(tmp_path / "straight")]
-    for name in ("model.pt", "optimizer.pt", "scheduler.pt"):
-        assert_identical(ckpt.load_file(ckpt.step_dir(tmp_path / "straight" / "checkpoints", 20) / name),
-                         ckpt.load_file(ckpt.step_dir(run / "checkpoints", 20) / name), name)
+    assert_same_end(straight_two, run, 20)
 
 
 @pytest.mark.slow
-def test_two_processes_leave_the_step_together_when_one_of_them_is_signalled(kiwi_world, tmp_path, monkeypatch):
+def test_two_processes_leave_the_step_together_when_one_of_them_is_signalled(kiwi_world, straight_two, tmp_path,
+                                                                           monkeypatch):
     """Only process 1 gets SIGUSR1, in the middle of step 3's first micro-step: both processes agree
     before the second, leave step 3, write step 2's checkpoint together and exit 0; resumed, the run
     ends as an uninterrupted one."""
-    args = ["optim.max_steps=4", "optim.grad_accum=2", "model.dropout=null", "optim.scheduler=linear",
-            "optim.warmup_steps=2", "logging.every=1"]
-    straight = launch_two(kiwi_world["base"], tmp_path / "straight", *args)
     run = tmp_path / "preempted"
     monkeypatch.setenv("QEEBM_TEST_SIGNAL", "1:5")  # support.runs.signal_one_process: 2 micro-steps a step
-    job = launch_two(kiwi_world["base"], run, *args)
+    job = launch_two(kiwi_world["base"], run, *TWO_PROCESS_ARGS)
     monkeypatch.delenv("QEEBM_TEST_SIGNAL")
     out = finish(job, 120)
     assert job.returncode == 0, out[-3000:]
-    assert "preempted by a signal to another process after step 2 of 4 (step 3 was left at a micro-step" in out, out[-3000:]
+    assert "preempted by a signal to another process after step 2 of 20 (step 3 was left at a micro-step" in out, \
+        out[-3000:]
     last = ckpt.step_dir(run / "checkpoints", 2)
     assert ckpt.latest_checkpoint(run / "checkpoints") == last
     assert {p.name for p in last.glob("rng-*.pt")} == {"rng-0.pt", "rng-1.pt"}
-    resumed = launch_two(kiwi_world["base"], run, *args)
-    for proc in (resumed, straight):
-        out = finish(proc, 180)
-        assert proc.returncode == 0, out[-3000:]
-    assert_same_end(tmp_path / "straight", run, 4)
+    resumed = launch_two(kiwi_world["base"], run, *TWO_PROCESS_ARGS)
+    out = finish(resumed, 180)
+    assert resumed.returncode == 0, out[-3000:]
+    assert_same_end(straight_two, run, 20)
 
 
 # ----------------------------------------------------------------------------------------------
