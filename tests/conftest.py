@@ -11,6 +11,12 @@ from pathlib import Path
 import pytest
 
 
+def run_root(tmp_path_factory) -> Path:
+    """The run's own temporary directory: under pytest-xdist, the one above each worker's."""
+    root = tmp_path_factory.getbasetemp()
+    return root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root
+
+
 @pytest.fixture(scope="session")
 def micro_world(tmp_path_factory) -> Path:
     """A seconds-long tiny-world build (``--size micro``), shared by the tests that need a whole world
@@ -20,11 +26,26 @@ def micro_world(tmp_path_factory) -> Path:
 
     from qeebm.tinyworld.build import build
 
-    root = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        root = root.parent  # the run's directory, above each worker's own
+    root = run_root(tmp_path_factory)
     with FileLock(str(root / "micro-world.lock")):
         return build(root / "micro-world" / "tinyworld", seed=0, size="micro")
+
+
+@pytest.fixture(scope="session")
+def launch_turn(tmp_path_factory):
+    """A lock the run's workers share, held while a test's multi-process jobs run: on 2 cores, two
+    such jobs at once wait on each other's collectives and take longer together than one after the
+    other, while a worker's in-process tests beside one job cost it little."""
+    from filelock import FileLock
+
+    return FileLock(str(run_root(tmp_path_factory) / "launch.lock"))
+
+
+@pytest.fixture
+def one_launch_at_a_time(launch_turn):
+    """The test runs while holding ``launch_turn``."""
+    with launch_turn:
+        yield
 
 
 @pytest.fixture

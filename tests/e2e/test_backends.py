@@ -79,6 +79,7 @@ def _wait(procs: dict, timeout: float = 300) -> None:
         assert proc.returncode == 0, f"run '{name}' failed:\n{out[-4000:]}"
 
 
+@pytest.mark.usefixtures("one_launch_at_a_time")
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_DEEPSPEED, reason="deepspeed is not installed (pip install deepspeed)")
 def test_deepspeed_zero2_on_two_cpu_processes_follows_ddp_and_resumes_exactly(base, tmp_path):
@@ -122,6 +123,7 @@ METHOD_ARGS = {
 }
 
 
+@pytest.mark.usefixtures("one_launch_at_a_time")
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_DEEPSPEED, reason="deepspeed is not installed (pip install deepspeed)")
 @pytest.mark.parametrize("method", sorted(METHOD_ARGS))

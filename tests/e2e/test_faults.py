@@ -337,15 +337,17 @@ TWO_PROCESS_ARGS = ["optim.max_steps=20", "optim.grad_accum=2", "model.dropout=n
 
 
 @pytest.fixture(scope="module")
-def straight_two(kiwi_world, tmp_path_factory) -> Path:
+def straight_two(kiwi_world, tmp_path_factory, launch_turn) -> Path:
     """An uninterrupted two-process run of TWO_PROCESS_ARGS: what every signalled one must end as."""
     run = tmp_path_factory.mktemp("straight_two") / "run"
-    proc = launch_two(kiwi_world["base"], run, *TWO_PROCESS_ARGS)
-    out = finish(proc, 180)
+    with launch_turn:
+        proc = launch_two(kiwi_world["base"], run, *TWO_PROCESS_ARGS)
+        out = finish(proc, 180)
     assert proc.returncode == 0, out[-3000:]
     return run
 
 
+@pytest.mark.usefixtures("one_launch_at_a_time")
 @pytest.mark.slow
 def test_preempted_two_process_run_resumes_exactly(kiwi_world, straight_two, tmp_path):
     """A running two-process job gets SIGUSR1 on every worker (what SLURM does to a job's tasks;
@@ -371,6 +373,7 @@ def test_preempted_two_process_run_resumes_exactly(kiwi_world, straight_two, tmp
     assert_same_end(straight_two, run, 20)
 
 
+@pytest.mark.usefixtures("one_launch_at_a_time")
 @pytest.mark.slow
 def test_two_processes_leave_the_step_together_when_one_of_them_is_signalled(kiwi_world, straight_two, tmp_path,
                                                                            monkeypatch):

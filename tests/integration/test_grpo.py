@@ -372,6 +372,7 @@ def per_source_sample(real):
     return draw
 
 
+@pytest.mark.usefixtures("one_launch_at_a_time")
 @pytest.mark.slow
 def test_two_processes_follow_one(base, tmp_path):
     """Two gloo processes, each with two micro-batches of 2 sources, follow the one-process run of 8

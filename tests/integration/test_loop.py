@@ -182,6 +182,7 @@ def test_sft_loss_is_the_per_token_mean_over_the_step(base, tmp_path):
     assert record["sft/nll"] == pytest.approx(expected, rel=1e-5)
 
 
+@pytest.mark.usefixtures("one_launch_at_a_time")
 @pytest.mark.slow
 def test_ddp_parity(base, tmp_path):
     """Two gloo processes, each accumulating two micro-batches of 2, follow the one-process run of

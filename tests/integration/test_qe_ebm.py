@@ -549,6 +549,7 @@ train(cfg)
 '''
 
 
+@pytest.mark.usefixtures("one_launch_at_a_time")
 @pytest.mark.slow
 def test_ddp_processes_hold_the_same_qe(kiwi_world, tmp_path):
     """Two gloo processes in QE-dynamic mode with the loo-cv estimator: after every QE update both
