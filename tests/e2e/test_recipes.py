@@ -265,6 +265,7 @@ def test_generic_recipe_rejects_unknown_and_unsupported_codes(tmp_path, capsys, 
 # --check: everything the plan touches, before the first training step
 
 
+@pytest.mark.usefixtures("one_launch_at_a_time")
 @pytest.mark.slow
 def test_check_under_accelerate_launch_loads_everything_with_the_launch_s_processes(micro_world, tmp_path):
     import socket
@@ -566,6 +567,7 @@ def test_a_preempted_recipe_exits_0_though_the_launcher_was_signalled(micro_worl
     assert (run_dir / "eval" / "test.json").is_file()
 
 
+@pytest.mark.usefixtures("one_launch_at_a_time")
 @pytest.mark.slow
 def test_sigusr1_to_the_recipe_reaches_both_training_processes(micro_world, tmp_path):
     # Only the recipe's own process is signalled (a batch script's trap, `kill PID`): it passes the
