@@ -383,10 +383,12 @@ def test_two_processes_follow_one(base, tmp_path):
     one = subprocess.Popen([sys.executable, str(script), str(base), *args, f"output.run_dir={tmp_path / 'one'}"],
                            cwd=REPO, env=launch_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                            start_new_session=True)
+    out = finish(one, 300, "one")
+    assert one.returncode == 0, f"run 'one' failed:\n{out[-4000:]}"
+    # Then, not beside it: processes waiting on a collective keep their core busy.
     two = launch_two(base, tmp_path / "two", *args, "optim.grad_accum=2", script=script)
-    for name, proc in (("one", one), ("two", two)):
-        out = finish(proc, 300, name)
-        assert proc.returncode == 0, f"run '{name}' failed:\n{out[-4000:]}"
+    out = finish(two, 300, "two")
+    assert two.returncode == 0, f"run 'two' failed:\n{out[-4000:]}"
     assert "2 processes x 2 micro-steps" in (tmp_path / "two" / "train.log").read_text(encoding="utf-8")
     records = {name: read_metrics(tmp_path / name) for name in ("one", "two")}
     for key in ("loss", "grpo/reward", "grpo/pg_loss", "grpo/kl", "grpo/ratio", "grpo/reward_std"):

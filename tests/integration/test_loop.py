@@ -6,12 +6,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -26,14 +21,12 @@ from qeebm.training.loop import train
 from qeebm.translation.translator import Translator
 
 from support.runs import (
-    REPO,
-    TESTS,
     assert_only_adapters_trained,
     final_weights,
-    launch_env,
+    finish,
+    launch_two,
     make_config,
     read_metrics,
-    two_cpu_processes,
     write_tiny_world,
 )
 
@@ -187,33 +180,14 @@ def test_sft_loss_is_the_per_token_mean_over_the_step(base, tmp_path):
 def test_ddp_parity(base, tmp_path):
     """Two gloo processes, each accumulating two micro-batches of 2, follow the one-process run of
     batch 8 step for step: the same losses, validation and final weights up to float rounding."""
-    env = launch_env()
-    args = [str(base), "optim.max_steps=20", "eval.every=10"]
-    script = str(TESTS / "support" / "runs.py")
-    runs = {
-        "one": ([sys.executable, script], {}),
-        "two": ([*two_cpu_processes(), script, "optim.grad_accum=2"], {"ACCELERATE_USE_CPU": "true"}),
-    }
-    procs = {}
-    for name, (cmd, extra) in runs.items():
-        # The config path must come first for the script; launch options precede the script.
-        at = cmd.index(script) + 1
-        full = cmd[:at] + args + cmd[at:] + [f"output.run_dir={tmp_path / name}"]
-        procs[name] = subprocess.Popen(full, cwd=REPO, env={**env, **extra}, stdout=subprocess.PIPE,
-                                       stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    deadline = time.monotonic() + 240
-    try:
-        for name, proc in procs.items():
-            try:
-                out, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pytest.fail(f"run '{name}' did not finish in time")
-            assert proc.returncode == 0, f"run '{name}' failed:\n{out[-4000:]}"
-    finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+    args = ["optim.max_steps=20", "eval.every=10"]
+    # One after the other: processes waiting on a collective keep their core busy, so the two must
+    # not share 2 cores with a third.
+    train(make_config(base, tmp_path / "one", *args))
+    two = launch_two(base, tmp_path / "two", *args, "optim.grad_accum=2")
+    out = finish(two, 240, "two")
+    assert two.returncode == 0, f"run 'two' failed:\n{out[-4000:]}"
+    runs = ("one", "two")
     assert "2 processes x 2 micro-steps" in (tmp_path / "two" / "train.log").read_text(encoding="utf-8")
     curve = {name: [r["loss"] for r in read_metrics(tmp_path / name)] for name in runs}
     assert len(curve["one"]) == 20

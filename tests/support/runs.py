@@ -1,15 +1,14 @@
 """One process and two processes with the same global batch train the same model (docs/design.md).
 
-``tests/integration/test_loop.py::test_ddp_parity`` runs this script twice on a tiny world it prepared
-(with ``tests`` on PYTHONPATH):
+``tests/integration/test_loop.py::test_ddp_parity`` runs this script on a tiny world it prepared
+(with ``tests`` on PYTHONPATH)
 
-    python tests/support/runs.py BASE.yaml [key=value ...]
     ACCELERATE_USE_CPU=true accelerate launch --multi_gpu --num_processes 2 --num_machines 1 \
         --mixed_precision no --dynamo_backend no tests/support/runs.py BASE.yaml [key=value ...]
 
-and compares the runs' metrics.jsonl curves and final checkpoints. (``--cpu`` with two processes
-starts only one, hence ``--multi_gpu`` with ACCELERATE_USE_CPU.) The module also holds the tiny-run
-set-up that the loop and checkpoint tests share.
+and compares the run's metrics.jsonl curve and final checkpoint with a one-process run's. (``--cpu``
+with two processes starts only one, hence ``--multi_gpu`` with ACCELERATE_USE_CPU.) The module also
+holds the tiny-run set-up that the loop and checkpoint tests share.
 """
 
 from __future__ import annotations
