@@ -33,9 +33,9 @@ def micro_world(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def launch_turn(tmp_path_factory):
-    """A lock the run's workers share, held while a test's multi-process jobs run: on 2 cores, two
-    such jobs at once wait on each other's collectives and take longer together than one after the
-    other, while a worker's in-process tests beside one job cost it little."""
+    """A lock the run's workers share, held while a test's multi-process jobs run: on 2 cores, jobs
+    of more processes than cores run several times slower (tests/e2e/test_backends.py), so two such
+    jobs never run at once; a worker's in-process tests go on beside one."""
     from filelock import FileLock
 
     return FileLock(str(run_root(tmp_path_factory) / "launch.lock"))

@@ -81,9 +81,9 @@ def _wait(procs: dict, timeout: float = 300) -> None:
 
 def _ddp_then_deepspeed(base: Path, tmp_path: Path, args: list[str]) -> None:
     """The same run under DDP (``tmp_path/ddp``), then under DeepSpeed (``tmp_path/ds``), two CPU
-    processes each. Not both at once: processes waiting on a collective keep their core busy, and
-    four of them on 2 cores beside one busy process took the ZeRO-2 test 102 s and 127 CPU-s, one
-    job after the other 48 s and 65 CPU-s."""
+    processes each. Not both at once: beside one busy process (the other pytest worker), the ZeRO-2
+    test with both jobs at once took 102 s and 127 CPU-s on 2 cores, one job after the other 48 s and
+    65 CPU-s."""
     _wait({"ddp": launch_two(base, tmp_path / "ddp", *args, backend="ddp")})
     _wait({"deepspeed": launch_two(base, tmp_path / "ds", *args, backend="deepspeed")})
 

@@ -385,7 +385,7 @@ def test_two_processes_follow_one(base, tmp_path):
                            start_new_session=True)
     out = finish(one, 300, "one")
     assert one.returncode == 0, f"run 'one' failed:\n{out[-4000:]}"
-    # Then, not beside it: processes waiting on a collective keep their core busy.
+    # Then, not beside it: a job of more processes than cores runs several times slower.
     two = launch_two(base, tmp_path / "two", *args, "optim.grad_accum=2", script=script)
     out = finish(two, 300, "two")
     assert two.returncode == 0, f"run 'two' failed:\n{out[-4000:]}"

@@ -181,8 +181,8 @@ def test_ddp_parity(base, tmp_path):
     """Two gloo processes, each accumulating two micro-batches of 2, follow the one-process run of
     batch 8 step for step: the same losses, validation and final weights up to float rounding."""
     args = ["optim.max_steps=20", "eval.every=10"]
-    # One after the other: processes waiting on a collective keep their core busy, so the two must
-    # not share 2 cores with a third.
+    # One after the other: a job of more processes than cores runs several times slower
+    # (tests/e2e/test_backends.py, _ddp_then_deepspeed).
     train(make_config(base, tmp_path / "one", *args))
     two = launch_two(base, tmp_path / "two", *args, "optim.grad_accum=2")
     out = finish(two, 240, "two")
