@@ -143,6 +143,7 @@ def launch_two(base: Path, run_dir: Path, *args: str, backend: str = "ddp", scri
 
     env = launch_env()
     if backend == "deepspeed":
+        env[GLOO_ONLY] = "1"
         launch = [*LAUNCH, "--config_file", str(REPO / "recipes/accelerate/deepspeed_zero2.yaml"), "--num_processes", "2",
                   "--main_process_port", str(free_port())]
     else:
@@ -152,6 +153,9 @@ def launch_two(base: Path, run_dir: Path, *args: str, backend: str = "ddp", scri
     return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
 
+
+# Set for DeepSpeed runs: reduce over gloo, not DeepSpeed's shared-memory kernels (``main``).
+GLOO_ONLY = "QEEBM_TEST_DEEPSPEED_GLOO"
 
 # `accelerate launch` as the recipes start it: accelerate's launcher without its CLI, which imports
 # every other subcommand first (2 s of each launch's start here).
@@ -227,6 +231,14 @@ def main(argv: list[str]) -> None:
 
     from qeebm.training.loop import train
 
+    if os.environ.get(GLOO_ONLY):
+        # DeepSpeed's CPU accelerator reduces over shared memory with kernels it compiles at first use,
+        # about 60 s of g++ in every new environment (the build depends on the venv's path); over gloo,
+        # as the DDP runs, the tests compare ZeRO-2's own arithmetic.
+        import importlib
+
+        # By its module object: the package's attribute `torch` is torch itself.
+        importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
     if os.environ.get("QEEBM_TEST_SIGNAL"):
         signal_one_process(os.environ["QEEBM_TEST_SIGNAL"])
     cfg = load_config(argv[0], argv[1:])
