@@ -555,9 +555,7 @@ def test_ddp_processes_hold_the_same_qe(kiwi_world, tmp_path):
     """Two gloo processes in QE-dynamic mode with the loo-cv estimator: after every QE update both
     hold the same QE weights and the same control-variate weight and sums, and the translator's
     final weights come from a run that finished on both."""
-    import subprocess
-
-    from support.runs import REPO, launch_env, two_cpu_processes
+    from support.runs import finish, launch_two
 
     # Relative weighting too: its measurement is all-reduced inside the loss (a collective every
     # process must reach), and the logged gradient diagnostics run beside DDP's own backward.
@@ -573,11 +571,9 @@ def test_ddp_processes_hold_the_same_qe(kiwi_world, tmp_path):
     config.write_text(dump_config(cfg), encoding="utf-8")
     script = tmp_path / "record.py"
     script.write_text(DDP_SCRIPT, encoding="utf-8")
-    env = {**launch_env(), "ACCELERATE_USE_CPU": "true"}
-    cmd = [*two_cpu_processes(), str(script), str(config)]
-    proc = subprocess.run(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stdout[-4000:]
+    proc = launch_two(config, tmp_path / "run", script=script)
+    out = finish(proc, 300)
+    assert proc.returncode == 0, out[-4000:]
     assert "2 processes x 2 micro-steps" in (tmp_path / "run" / "train.log").read_text(encoding="utf-8")
     for step in (1, 2, 3):
         a = torch.load(tmp_path / "run" / f"qe-step{step}-rank0.pt", weights_only=True)

@@ -144,12 +144,14 @@ def launch_two(base: Path, run_dir: Path, *args: str, backend: str = "ddp", scri
     env = launch_env()
     if backend == "deepspeed":
         env[GLOO_ONLY] = "1"
-        launch = [*LAUNCH, "--config_file", str(REPO / "recipes/accelerate/deepspeed_zero2.yaml"), "--num_processes", "2",
-                  "--main_process_port", str(free_port())]
+        launch = ["--config_file", str(REPO / "recipes/accelerate/deepspeed_zero2.yaml"), "--num_processes", "2"]
     else:
-        launch = two_cpu_processes()
+        # ``--cpu`` with two processes starts only one, hence ``--multi_gpu`` with ACCELERATE_USE_CPU.
+        launch = ["--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
+                  "--dynamo_backend", "no"]
         env["ACCELERATE_USE_CPU"] = "true"
-    cmd = [*launch, str(script or Path(__file__).resolve()), str(base), *args, f"output.run_dir={run_dir}"]
+    cmd = [*LAUNCH, *launch, "--main_process_port", str(free_port()), str(script or Path(__file__).resolve()), str(base),
+           *args, f"output.run_dir={run_dir}"]
     return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
 
@@ -160,13 +162,6 @@ GLOO_ONLY = "QEEBM_TEST_DEEPSPEED_GLOO"
 # `accelerate launch` as the recipes start it: accelerate's launcher without its CLI, which imports
 # every other subcommand first (2 s of each launch's start here).
 LAUNCH = [sys.executable, "-m", "accelerate.commands.launch"]
-
-
-def two_cpu_processes() -> list[str]:
-    """The launcher for 2 CPU processes under DDP (gloo), on a free port; the command needs
-    ACCELERATE_USE_CPU=true in its environment (``--cpu`` with two processes starts only one)."""
-    return [*LAUNCH, "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
-            "--dynamo_backend", "no", "--main_process_port", str(free_port())]
 
 
 def launch_env() -> dict[str, str]:
