@@ -87,8 +87,8 @@ def main(argv=None) -> int:
         full = [p for p in points if p[2] == seeds]
         line, = ax.plot([c / 1000 for c, _, _ in full], [g for _, g, _ in full], marker=".",
                         label=f"{system} ({estimator}, {seeds} seeds)")
-        rest = points[len(full) - 1:] if len(full) < len(points) else []
-        if rest:
+        if len(full) < len(points):  # dotted from the last point every seed reached
+            rest = points[len(full) - 1:]
             ax.plot([c / 1000 for c, _, _ in rest], [g for _, g, _ in rest], linestyle=":", marker=".",
                     color=line.get_color())
     ax.axhline(0.0, color="black", linewidth=0.8)
